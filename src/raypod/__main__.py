@@ -1,0 +1,3 @@
+from raypod.cli.main import main
+
+main()

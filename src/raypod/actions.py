@@ -1,0 +1,41 @@
+"""One frozen dataclass per change the planner can ask for. No behaviour: the executor applies them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raypod import spec as spec_mod
+
+
+@dataclass(frozen=True)
+class CreateNode:
+    node: spec_mod.NodeSpec
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class DrainNode:
+    name: str
+    ray_node_id: str
+    deadline: float
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class DeleteNode:
+    name: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ReleaseCluster:
+    """Forget a cluster whose nodes are all gone: frees its ports and temporary files."""
+
+    reason: str = "Deleted"
+    message: str = "all nodes stopped; cluster removed"
+
+
+Action = CreateNode | DrainNode | DeleteNode | ReleaseCluster

@@ -1,0 +1,38 @@
+"""Backends by name. The mapping is explicit: a backend is never looked up by reflection."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from raypod import config, errors
+from raypod.backends import base
+
+
+def _local(settings: config.Settings) -> base.Backend:
+    from raypod.backends.local import LocalBackend
+
+    return LocalBackend(settings.home, fast_health_checks=settings.fast_health_checks)
+
+
+def _fake(settings: config.Settings) -> base.Backend:
+    from raypod.backends.fake import FakeBackend
+
+    return FakeBackend()
+
+
+FACTORIES: dict[str, Callable[[config.Settings], base.Backend]] = {"local": _local, "fake": _fake}
+
+
+def create_backend(settings: config.Settings) -> base.Backend:
+    """Build the backend named in the settings.
+
+    Raises:
+        InvalidSpec: unknown backend name.
+    """
+    factory = FACTORIES.get(settings.backend)
+    if factory is None:
+        raise errors.InvalidSpec(f"unknown backend '{settings.backend}' (choose from: {', '.join(FACTORIES)})")
+    return factory(settings)
+
+
+__all__ = ["FACTORIES", "create_backend"]

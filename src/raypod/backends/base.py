@@ -1,0 +1,50 @@
+"""The Backend protocol: how the control plane runs nodes, whatever runs them.
+
+A backend only translates our types into processes or Kubernetes objects and back. It knows nothing about HTTP,
+users or quotas, and nothing backend-specific leaks out of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from raypod import spec as spec_mod
+from raypod import state
+
+
+class Feature(StrEnum):
+    GPUS = "gpus"
+    DRAIN = "drain"
+    GCS_FAULT_TOLERANCE = "gcs-fault-tolerance"
+
+
+@dataclass(frozen=True)
+class HostCapacity:
+    """What the machines behind a backend can hold; ``None`` means the backend does not limit it."""
+
+    cpus_per_node: int | None
+    memory_bytes: int | None
+    shared_memory_bytes: int | None
+    gpus_per_node: int | None
+    head_overhead_bytes: int = 0
+    worker_overhead_bytes: int = 0
+
+
+class Backend(Protocol):
+    features: frozenset[Feature]
+
+    def capacity(self) -> HostCapacity: ...
+
+    def observe(self, cluster_id: str) -> state.ObservedCluster: ...
+
+    def create_node(self, cluster_id: str, node: spec_mod.NodeSpec) -> None: ...
+
+    def drain_node(self, cluster_id: str, name: str, ray_node_id: str, deadline: float, reason: str) -> None: ...
+
+    def delete_node(self, cluster_id: str, name: str) -> None: ...
+
+    def release(self, cluster_id: str) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,90 @@
+"""An in-memory backend for tests of the control plane, server and CLI that need no Ray processes.
+
+Nodes start in ``Starting`` and become ``Running`` on the next observation, like a fast real backend.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from raypod import errors, state
+from raypod import spec as spec_mod
+from raypod.backends import base
+
+
+class FakeBackend:
+    def __init__(
+        self,
+        capacity: base.HostCapacity | None = None,
+        features: frozenset[base.Feature] = frozenset({base.Feature.DRAIN}),
+    ) -> None:
+        self.features = features
+        self._capacity = capacity or base.HostCapacity(
+            cpus_per_node=8, memory_bytes=64 * 2**30, shared_memory_bytes=32 * 2**30, gpus_per_node=0
+        )
+        self._lock = threading.Lock()
+        self.nodes: dict[str, dict[str, state.ObservedNode]] = {}
+        self.calls: list[tuple[str, str, str]] = []
+        self.fail_next_create: str | None = None
+
+    def capacity(self) -> base.HostCapacity:
+        return self._capacity
+
+    def observe(self, cluster_id: str) -> state.ObservedCluster:
+        with self._lock:
+            nodes = self.nodes.get(cluster_id, {})
+            for name, node in list(nodes.items()):
+                if node.phase is state.NodePhase.STARTING:
+                    nodes[name] = _replace(node, phase=state.NodePhase.RUNNING, ray_node_id=f"ray-{name}")
+                elif node.phase is state.NodePhase.DRAINING:
+                    nodes[name] = _replace(node, phase=state.NodePhase.DEAD, reason="drained")
+            return state.ObservedCluster(
+                nodes=dict(nodes), endpoints={"dashboard": f"http://fake/{cluster_id}"} if nodes else {}
+            )
+
+    def create_node(self, cluster_id: str, node: spec_mod.NodeSpec) -> None:
+        with self._lock:
+            if self.fail_next_create == node.name:
+                self.fail_next_create = None
+                raise errors.TransientError(f"injected failure creating {node.name}")
+            self.calls.append(("create", cluster_id, node.name))
+            self.nodes.setdefault(cluster_id, {})[node.name] = state.ObservedNode(
+                name=node.name,
+                group=node.group,
+                is_head=node.is_head,
+                phase=state.NodePhase.STARTING,
+                started_at=time.time(),
+            )
+
+    def drain_node(self, cluster_id: str, name: str, ray_node_id: str, deadline: float, reason: str) -> None:
+        with self._lock:
+            self.calls.append(("drain", cluster_id, name))
+            node = self.nodes.get(cluster_id, {}).get(name)
+            if node:
+                self.nodes[cluster_id][name] = _replace(node, phase=state.NodePhase.DRAINING, drain_deadline=deadline)
+
+    def delete_node(self, cluster_id: str, name: str) -> None:
+        with self._lock:
+            self.calls.append(("delete", cluster_id, name))
+            self.nodes.get(cluster_id, {}).pop(name, None)
+
+    def kill(self, cluster_id: str, name: str) -> None:
+        """Simulate a node dying on its own."""
+        with self._lock:
+            node = self.nodes[cluster_id][name]
+            self.nodes[cluster_id][name] = _replace(node, phase=state.NodePhase.DEAD, reason="killed")
+
+    def release(self, cluster_id: str) -> None:
+        with self._lock:
+            self.calls.append(("release", cluster_id, ""))
+            self.nodes.pop(cluster_id, None)
+
+    def close(self) -> None:
+        pass
+
+
+def _replace(node: state.ObservedNode, **changes: object) -> state.ObservedNode:
+    from dataclasses import replace
+
+    return replace(node, **changes)  # type: ignore[arg-type]

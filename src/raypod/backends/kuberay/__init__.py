@@ -1,0 +1,3 @@
+"""KubeRay: pure manifest builders now; the Kubernetes backend builds on them."""
+
+__all__ = ["manifests"]

@@ -1,0 +1,3 @@
+"""The command-line interface: a thin layer over ``raypod.Client``."""
+
+__all__: list[str] = []

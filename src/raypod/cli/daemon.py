@@ -1,0 +1,78 @@
+"""Start and stop the raypod server as a background process for ``raypod up`` / ``raypod down``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from raypod import config, errors
+
+
+def pid_file(home: Path) -> Path:
+    return home / "server.pid"
+
+
+def is_healthy(server: str) -> bool:
+    try:
+        return httpx.get(f"{server.rstrip('/')}/healthz", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def start(home: Path, host: str, port: int, timeout: float = 30.0) -> Path:
+    """Start ``raypod server`` detached (it outlives this command) and wait until it answers.
+
+    Raises:
+        TransientError: it did not answer in time; the message points at its log.
+    """
+    home.mkdir(parents=True, exist_ok=True)
+    log_path = home / "server.log"
+    env = {**os.environ, "RAYPOD_HOME": str(home)}
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "raypod", "server", "--host", host, "--port", str(port)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    pid_file(home).write_text(str(process.pid))
+    url = f"http://{host}:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if is_healthy(url):
+            return log_path
+        if process.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise errors.TransientError(f"the raypod server did not start; see {log_path}")
+
+
+def stop(home: Path, timeout: float = 30.0) -> bool:
+    """Stop the background server; its clusters keep running unless deleted first. Returns whether one ran."""
+    path = pid_file(home)
+    try:
+        pid = int(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            os.kill(pid, 0)
+            time.sleep(0.2)
+        os.kill(pid, signal.SIGKILL)
+    path.unlink(missing_ok=True)
+    return True
+
+
+def local_home() -> Path:
+    return config.default_home()

@@ -1,0 +1,130 @@
+"""The ``raypod`` command. Errors are caught once, here: one line on stderr and exit 1 (``--debug`` for more)."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from raypod import config, errors, state
+from raypod.cli import cluster, daemon, output
+from raypod.client import Client
+
+
+class _Group(TyperGroup):
+    def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except errors.RaypodError as exc:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            output.errors_console.print(f"[red]error:[/red] {exc.message}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
+
+
+app = typer.Typer(
+    cls=_Group,
+    help="raypod: Ray clusters without YAML.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(cluster.app, name="cluster")
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    ctx.obj = {"debug": debug}
+
+
+@app.command()
+def server(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = config.DEFAULT_PORT,
+) -> None:
+    """Run the control plane (API + reconcile loop) in the foreground."""
+    import uvicorn
+
+    from raypod.server.app import create_app
+
+    settings = config.Settings.from_env(host=host, port=port)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+
+
+@app.command()
+def up(
+    name: Annotated[str, typer.Option(help="Name of the default cluster.")] = "local",
+    workers: Annotated[int, typer.Option("--workers", help="Worker nodes of the default cluster.")] = 2,
+    worker_cpus: Annotated[int, typer.Option("--worker-cpus", help="CPUs per worker node.")] = 1,
+    port: Annotated[int, typer.Option(help="Port of the local server.")] = config.DEFAULT_PORT,
+    no_cluster: Annotated[bool, typer.Option("--no-cluster", help="Start only the server.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the cluster.")] = 300.0,
+) -> None:
+    """Start the raypod server in the background and a default local cluster; print where to look."""
+    home = config.default_home()
+    url = config.default_server_url() if os.environ.get("RAYPOD_SERVER") else f"http://127.0.0.1:{port}"
+    if not daemon.is_healthy(url):
+        log = daemon.start(home, "127.0.0.1", port)
+        output.console.print(f"raypod server started at {url} (log: {log})")
+    else:
+        output.console.print(f"raypod server already running at {url}")
+    api = Client(url)
+    view: state.ClusterView | None = None
+    if not no_cluster:
+        spec = cluster.build_spec(name, "default", None, workers, worker_cpus, None, None, "workers")
+        try:
+            view = api.clusters.create(spec)
+        except errors.AlreadyExists:
+            view = api.clusters.get(name)
+        view = cluster.wait_with_progress(api, name, "default", view.status.desired_nodes, timeout)
+    _print_next_steps(url, view)
+
+
+def _print_next_steps(url: str, view: state.ClusterView | None) -> None:
+    out = output.console
+    if view is not None:
+        endpoints = view.status.endpoints
+        out.print(f"cluster [bold]{view.spec.name}[/bold]: {view.status.message}")
+        out.print(f"  Ray dashboard  {endpoints.get('dashboard', '-')}")
+        out.print(f"  Ray address    {endpoints.get('gcs', '-')}")
+    out.print("\nNext steps:")
+    if view is not None:
+        dashboard = view.status.endpoints.get("dashboard", "")
+        out.print(
+            f'  ray job submit --address {dashboard} -- python -c "import ray; ray.init(); '
+            'print(ray.cluster_resources())"',
+            soft_wrap=True,
+        )
+        out.print(f"  RAY_ADDRESS={view.status.endpoints.get('gcs', '')} python your_script.py", soft_wrap=True)
+    out.print("  raypod cluster list")
+    out.print("  raypod cluster create demo --workers 2")
+    out.print("  raypod down")
+
+
+@app.command()
+def down(
+    keep_clusters: Annotated[bool, typer.Option("--keep-clusters", help="Stop only the server.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each deletion.")] = 120.0,
+) -> None:
+    """Delete every cluster (unless --keep-clusters) and stop the background server."""
+    home = config.default_home()
+    url = config.default_server_url()
+    if not keep_clusters and daemon.is_healthy(url):
+        api = Client(url)
+        views = api.clusters.list()
+        for view in views:
+            api.clusters.delete(view.spec.name, view.spec.namespace)
+        for view in views:
+            api.clusters.wait_deleted(view.spec.name, view.spec.namespace, timeout=timeout)
+            output.console.print(f"cluster {view.spec.namespace}/{view.spec.name} deleted")
+    stopped = daemon.stop(home)
+    output.console.print("raypod server stopped" if stopped else "no raypod server was running")
+
+
+def main() -> None:
+    app()

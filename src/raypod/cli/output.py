@@ -1,0 +1,116 @@
+"""Renders models for people (rich tables) and for programs (json, yaml). The only place the CLI prints."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+
+from raypod import state
+
+console = Console()
+errors_console = Console(stderr=True)
+
+
+class Format(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+    YAML = "yaml"
+
+
+def emit_data(data: Any, fmt: Format) -> None:
+    """Print plain data as JSON or YAML, without rich markup so programs can parse it."""
+    if fmt is Format.YAML:
+        print(yaml.safe_dump(data, sort_keys=False), end="")
+    else:
+        print(json.dumps(data, indent=2))
+
+
+def _dump(item: BaseModel | list[Any]) -> Any:
+    if isinstance(item, list):
+        return [entry.model_dump(mode="json") for entry in item]
+    return item.model_dump(mode="json")
+
+
+def render_clusters(views: list[state.ClusterView], fmt: Format) -> None:
+    if fmt is not Format.TABLE:
+        emit_data(_dump(views), fmt)
+        return
+    if not views:
+        console.print("No clusters. Create one with: raypod cluster create NAME --workers 2")
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("NAMESPACE", "NAME", "PHASE", "NODES", "WORKER GROUPS", "DASHBOARD", "AGE"):
+        table.add_column(column)
+    for view in views:
+        groups = ", ".join(f"{g.name}={g.replicas}" for g in view.spec.worker_groups) or "-"
+        table.add_row(
+            view.spec.namespace,
+            view.spec.name,
+            _phase(view),
+            f"{view.status.ready_nodes}/{view.status.desired_nodes}",
+            groups,
+            view.status.endpoints.get("dashboard", "-"),
+            _age(view),
+        )
+    console.print(table)
+
+
+def render_cluster(view: state.ClusterView, fmt: Format) -> None:
+    if fmt is not Format.TABLE:
+        emit_data(_dump(view), fmt)
+        return
+    status = view.status
+    console.print(f"[bold]{view.spec.namespace}/{view.spec.name}[/bold]  {_phase(view)}  {status.message}")
+    for key, value in status.endpoints.items():
+        console.print(f"  {key:<10} {value}")
+    table = Table(box=None, header_style="bold")
+    for column in ("NODE", "GROUP", "PHASE", "PID", "RAY NODE ID", "REASON"):
+        table.add_column(column)
+    for node in status.nodes:
+        table.add_row(
+            node.name, node.group, node.phase.value, str(node.pid or "-"), (node.ray_node_id or "-")[:12], node.reason
+        )
+    console.print(table)
+    for condition in status.conditions:
+        mark = "[green]True[/green]" if condition.status else "[yellow]False[/yellow]"
+        console.print(f"  {condition.type:<15} {mark}  {condition.reason}  {condition.message}")
+
+
+def render_events(events: list[state.Event], fmt: Format) -> None:
+    if fmt is not Format.TABLE:
+        emit_data(_dump(events), fmt)
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("TIME", "TYPE", "REASON", "NODE", "MESSAGE"):
+        table.add_column(column)
+    for event in events:
+        kind = f"[yellow]{event.type.value}[/yellow]" if event.type is state.EventType.WARNING else event.type.value
+        table.add_row(event.time.strftime("%H:%M:%S"), kind, event.reason, event.node or "-", event.message)
+    console.print(table)
+
+
+def _phase(view: state.ClusterView) -> str:
+    colours = {
+        state.ClusterPhase.READY: "green",
+        state.ClusterPhase.DEGRADED: "yellow",
+        state.ClusterPhase.FAILED: "red",
+    }
+    colour = colours.get(view.status.phase)
+    return f"[{colour}]{view.status.phase.value}[/{colour}]" if colour else view.status.phase.value
+
+
+def _age(view: state.ClusterView) -> str:
+    from datetime import UTC, datetime
+
+    seconds = int((datetime.now(UTC) - view.created_at).total_seconds())
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"

@@ -1,0 +1,61 @@
+"""Settings from the environment. Read once where a process starts; passed down explicitly afterwards."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from raypod import errors
+
+DEFAULT_PORT = 8471
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("RAYPOD_HOME") or Path.home() / ".raypod")
+
+
+def default_server_url() -> str:
+    return os.environ.get("RAYPOD_SERVER") or f"http://127.0.0.1:{DEFAULT_PORT}"
+
+
+def _float_env(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise errors.InvalidSpec(f"environment variable {name}={raw!r} is not a number") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the server needs; every field has an environment variable (see docs/configuration.md)."""
+
+    home: Path = field(default_factory=default_home)
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    database_url: str | None = None
+    backend: str = "local"
+    reconcile_interval_s: float = 1.0
+    drain_timeout_s: float = 30.0
+    node_start_timeout_s: float = 180.0
+    fast_health_checks: bool = True
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Settings:
+        values: dict[str, object] = {
+            "home": default_home(),
+            "database_url": os.environ.get("RAYPOD_DATABASE_URL") or None,
+            "backend": os.environ.get("RAYPOD_BACKEND", "local"),
+            "reconcile_interval_s": _float_env("RAYPOD_RECONCILE_INTERVAL_S", 1.0),
+            "drain_timeout_s": _float_env("RAYPOD_DRAIN_TIMEOUT_S", 30.0),
+            "node_start_timeout_s": _float_env("RAYPOD_NODE_START_TIMEOUT_S", 180.0),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'raypod.db'}"

@@ -1,0 +1,72 @@
+"""Pure admission checks: refuse what cannot work on the backend's machines before anything starts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from raypod import errors
+from raypod import spec as spec_mod
+from raypod.backends import base
+
+
+def check_features(spec: spec_mod.ClusterSpec, features: frozenset[base.Feature]) -> None:
+    """Raises InvalidSpec when the spec asks for something the backend cannot do."""
+    if spec.gcs_fault_tolerance is not None and base.Feature.GCS_FAULT_TOLERANCE not in features:
+        raise errors.InvalidSpec("this backend does not support GCS fault tolerance")
+
+
+def check_capacity(
+    spec: spec_mod.ClusterSpec, others: Iterable[spec_mod.ClusterSpec], capacity: base.HostCapacity
+) -> None:
+    """Check one cluster, next to the clusters already admitted, against what the host can hold.
+
+    CPUs are logical in Ray, so several 1-CPU nodes on a 2-core host are fine; a single node may not claim
+    more CPUs or GPUs than a machine has, and all nodes together may not need more memory than there is.
+
+    Raises:
+        InsufficientCapacity: with the numbers that did not fit.
+    """
+    nodes = spec.desired_nodes()
+    for node in nodes:
+        if capacity.cpus_per_node is not None and node.cpus > capacity.cpus_per_node:
+            raise errors.InsufficientCapacity(
+                f"node {node.name} asks for {node.cpus} CPUs; a node here has at most {capacity.cpus_per_node}"
+            )
+        if capacity.gpus_per_node is not None and node.gpus > capacity.gpus_per_node:
+            have = capacity.gpus_per_node or "no"
+            raise errors.InsufficientCapacity(f"node {node.name} asks for {node.gpus} GPUs; this host has {have} GPUs")
+
+    others = list(others)
+    if capacity.memory_bytes is not None:
+        needed = _memory(spec, capacity)
+        used = sum(_memory(other, capacity) for other in others)
+        if used + needed > capacity.memory_bytes:
+            raise errors.InsufficientCapacity(
+                f"cluster '{spec.name}' needs {_gib(needed)} of memory ({len(nodes)} nodes: Ray memory, object "
+                f"store and process overhead) but only {_gib(max(capacity.memory_bytes - used, 0))} of "
+                f"{_gib(capacity.memory_bytes)} is left"
+                + (f" next to {len(others)} other cluster(s)" if others else "")
+                + "; lower replicas or memory",
+                detail={"needed_bytes": needed, "available_bytes": max(capacity.memory_bytes - used, 0)},
+            )
+    if capacity.shared_memory_bytes is not None:
+        needed = sum(node.object_store_memory for node in nodes)
+        used = sum(node.object_store_memory for other in others for node in other.desired_nodes())
+        if used + needed > capacity.shared_memory_bytes:
+            raise errors.InsufficientCapacity(
+                f"cluster '{spec.name}' needs {_gib(needed)} of object store but only "
+                f"{_gib(max(capacity.shared_memory_bytes - used, 0))} of shared memory is left"
+            )
+
+
+def _memory(spec: spec_mod.ClusterSpec, capacity: base.HostCapacity) -> int:
+    return sum(
+        node.memory
+        + node.object_store_memory
+        + (capacity.head_overhead_bytes if node.is_head else capacity.worker_overhead_bytes)
+        for node in spec.desired_nodes()
+    )
+
+
+def _gib(number: int) -> str:
+    return f"{number / 2**30:.1f} GiB"

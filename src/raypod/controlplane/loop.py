@@ -1,0 +1,153 @@
+"""The reconcile loop: observe -> plan -> execute -> status, for every cluster, on a timer and when woken."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from raypod import actions, state
+from raypod.backends import base
+from raypod.controlplane import execute, plan, status, store
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 60.0
+
+
+class Reconciler:
+    """Runs in one background thread of the server; a pass is level-triggered and starts from a fresh view."""
+
+    def __init__(
+        self,
+        db: store.Store,
+        backend: base.Backend,
+        *,
+        interval_s: float = 1.0,
+        settings: plan.PlanSettings = plan.DEFAULT_SETTINGS,
+    ) -> None:
+        self.store = db
+        self.backend = backend
+        self.interval_s = interval_s
+        self.settings = settings
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failures: dict[str, tuple[int, float]] = {}
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="raypod-reconciler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                self.reconcile_all()
+            except Exception:
+                log.exception("reconcile pass failed")
+            self._wake.wait(self.interval_s)
+
+    def reconcile_all(self) -> None:
+        for view in self.store.list():
+            if self._stop.is_set():
+                return
+            backoff = self._failures.get(view.uid)
+            if backoff and time.monotonic() < backoff[1]:
+                continue
+            try:
+                self.reconcile(view)
+            except Exception:
+                log.exception("reconciling %s/%s failed", view.spec.namespace, view.spec.name)
+                self._back_off(view.uid)
+
+    def reconcile(self, view: state.ClusterView) -> None:
+        """One pass for one cluster."""
+        observed = self.backend.observe(view.uid)
+        planned = plan.plan(
+            view.spec,
+            observed,
+            deleting=view.deleting,
+            now=time.time(),
+            features=self.backend.features,
+            settings=self.settings,
+        )
+
+        def record(kind: state.EventType, reason: str, message: str, node: str | None) -> None:
+            self._record(view, kind, reason, message, node)
+
+        outcomes = execute.execute(planned, self.backend, view.uid, record)
+        if any(isinstance(o.action, actions.ReleaseCluster) and o.error is None for o in outcomes):
+            self.store.remove(view.uid)
+            self._failures.pop(view.uid, None)
+            return
+        if any(o.error is not None for o in outcomes):
+            self._back_off(view.uid)
+        else:
+            self._failures.pop(view.uid, None)
+        derived = status.derive_status(
+            view.spec,
+            observed,
+            outcomes,
+            deleting=view.deleting,
+            generation=view.generation,
+            previous=view.status,
+            now=store.now(),
+        )
+        self._record_transitions(view, view.status, derived)
+        if derived != view.status:
+            self.store.save_status(view.uid, derived)
+
+    def _record_transitions(
+        self, view: state.ClusterView, before: state.ClusterStatus, after: state.ClusterStatus
+    ) -> None:
+        """Events for what happened on its own between passes: nodes that came up or died."""
+        previous = {node.name: node.phase for node in before.nodes}
+        for node in after.nodes:
+            was = previous.get(node.name)
+            if node.phase is state.NodePhase.RUNNING and was is not state.NodePhase.RUNNING:
+                self._record(
+                    view,
+                    state.EventType.NORMAL,
+                    "NodeStarted",
+                    f"node {node.name} is alive in Ray (pid {node.pid})",
+                    node.name,
+                )
+            elif node.phase is state.NodePhase.DEAD and was not in (
+                None,
+                state.NodePhase.DEAD,
+                state.NodePhase.DRAINING,
+            ):
+                self._record(view, state.EventType.WARNING, "NodeDied", f"node {node.name}: {node.reason}", node.name)
+        if after.phase is not before.phase and after.phase in (state.ClusterPhase.READY, state.ClusterPhase.DEGRADED):
+            kind = state.EventType.NORMAL if after.phase is state.ClusterPhase.READY else state.EventType.WARNING
+            self._record(view, kind, f"Cluster{after.phase.value}", after.message, None)
+
+    def _record(
+        self, view: state.ClusterView, kind: state.EventType, reason: str, message: str, node: str | None
+    ) -> None:
+        self.store.add_event(
+            view.uid,
+            state.Event(
+                time=store.now(),
+                namespace=view.spec.namespace,
+                cluster=view.spec.name,
+                type=kind,
+                reason=reason,
+                message=message,
+                node=node,
+            ),
+        )
+
+    def _back_off(self, uid: str) -> None:
+        count = self._failures.get(uid, (0, 0.0))[0] + 1
+        self._failures[uid] = (count, time.monotonic() + min(2.0**count, MAX_BACKOFF_S))

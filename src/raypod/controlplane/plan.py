@@ -1,0 +1,120 @@
+"""Pure planning: desired spec + fresh observation -> ordered actions. No I/O, no clock, no randomness."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raypod import actions, state
+from raypod import spec as spec_mod
+from raypod.backends import base
+
+HEAD = "head"
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    drain_timeout_s: float = 30.0
+    node_start_timeout_s: float = 180.0
+
+
+DEFAULT_SETTINGS = PlanSettings()
+
+
+def plan(
+    desired: spec_mod.ClusterSpec,
+    observed: state.ObservedCluster,
+    *,
+    deleting: bool,
+    now: float,
+    features: frozenset[base.Feature],
+    settings: PlanSettings = DEFAULT_SETTINGS,
+) -> list[actions.Action]:
+    """Return the actions that move ``observed`` toward ``desired``: clean-ups and deletes, drains, then creates."""
+    cleanups: list[actions.Action] = [
+        actions.DeleteNode(name, "CleanedUpStrayProcesses", f"processes of unknown node {name} stopped")
+        for name in sorted(observed.stray_nodes)
+    ]
+    if deleting:
+        return cleanups + _plan_deletion(observed)
+
+    deletes: list[actions.Action] = []
+    drains: list[actions.Action] = []
+    creates: list[actions.Action] = []
+    gone: set[str] = set()  # nodes this plan deletes: to be recreated if still desired
+
+    head = observed.nodes.get(HEAD)
+    head_lost = head is None or head.phase is state.NodePhase.DEAD
+    if head_lost and desired.gcs_fault_tolerance is None:
+        # Without GCS fault tolerance no worker outlives its head's GCS: restart them with it, as KubeRay does.
+        for node in _workers(observed):
+            deletes.append(
+                actions.DeleteNode(node.name, "RestartedWithHead", "head is gone and GCS is not fault tolerant")
+            )
+            gone.add(node.name)
+
+    desired_nodes = {node.name: node for node in desired.desired_nodes()}
+    for name, node in observed.nodes.items():
+        if name in gone:
+            continue
+        if name in desired_nodes:
+            if node.phase is state.NodePhase.DEAD:
+                deletes.append(actions.DeleteNode(name, "RemovedDeadNode", node.reason or "node died"))
+                gone.add(name)
+            elif node.phase is state.NodePhase.STARTING and now - node.started_at > settings.node_start_timeout_s:
+                message = f"not registered with Ray after {settings.node_start_timeout_s:.0f} s"
+                deletes.append(actions.DeleteNode(name, "NodeStartTimedOut", message))
+                gone.add(name)
+            elif node.phase is state.NodePhase.DRAINING:
+                deletes.append(actions.DeleteNode(name, "DeletedNode", "scaled back up while draining"))
+                gone.add(name)
+            continue
+        deletes_or_drain = _retire(node, now, features, settings)
+        if isinstance(deletes_or_drain, actions.DrainNode):
+            drains.append(deletes_or_drain)
+        elif deletes_or_drain is not None:
+            deletes.append(deletes_or_drain)
+
+    for name, wanted in desired_nodes.items():
+        if name in observed.nodes and name not in gone:
+            continue
+        reason = "ReplacedNode" if name in gone else "CreatedHead" if wanted.is_head else "CreatedWorker"
+        creates.append(actions.CreateNode(wanted, reason, _describe(wanted)))
+    return cleanups + deletes + drains + creates
+
+
+def _plan_deletion(observed: state.ObservedCluster) -> list[actions.Action]:
+    if not observed.nodes:
+        return [actions.ReleaseCluster()]
+    ordered = sorted(observed.nodes.values(), key=lambda node: (node.is_head, node.name))
+    return [actions.DeleteNode(node.name, "DeletedNode", "cluster is being deleted") for node in ordered]
+
+
+def _retire(
+    node: state.ObservedNode, now: float, features: frozenset[base.Feature], settings: PlanSettings
+) -> actions.Action | None:
+    """Remove a node the spec no longer wants; running nodes are drained first so their work can finish."""
+    if node.phase is state.NodePhase.RUNNING and node.ray_node_id and base.Feature.DRAIN in features:
+        return actions.DrainNode(
+            node.name,
+            node.ray_node_id,
+            deadline=now + settings.drain_timeout_s,
+            reason="DrainedNode",
+            message=f"scaled down; running work has {settings.drain_timeout_s:.0f} s to finish",
+        )
+    if node.phase is state.NodePhase.DRAINING:
+        if node.drain_deadline is not None and now < node.drain_deadline:
+            return None
+        return actions.DeleteNode(node.name, "DeletedNode", "scaled down; drain deadline passed")
+    message = "scaled down; node was idle and drained" if node.phase is state.NodePhase.DEAD else "scaled down"
+    return actions.DeleteNode(node.name, "DeletedNode", message)
+
+
+def _workers(observed: state.ObservedCluster) -> list[state.ObservedNode]:
+    return sorted((n for n in observed.nodes.values() if not n.is_head), key=lambda n: n.name)
+
+
+def _describe(node: spec_mod.NodeSpec) -> str:
+    parts = [f"{node.cpus} CPU", f"{spec_mod.format_bytes(node.memory)} memory"]
+    if node.gpus:
+        parts.append(f"{node.gpus} GPU")
+    return f"node {node.name} (group {node.group}: {', '.join(parts)})"

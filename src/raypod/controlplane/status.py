@@ -1,0 +1,102 @@
+"""Pure status derivation: observation + action outcomes -> phase and conditions. Computed, never accumulated."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from raypod import spec as spec_mod
+from raypod import state
+from raypod.controlplane import execute
+
+
+def derive_status(
+    desired: spec_mod.ClusterSpec,
+    observed: state.ObservedCluster,
+    outcomes: list[execute.Outcome],
+    *,
+    deleting: bool,
+    generation: int,
+    previous: state.ClusterStatus,
+    now: datetime,
+) -> state.ClusterStatus:
+    """Return the status a user sees; conditions keep their transition time while their status holds."""
+    desired_names = [node.name for node in desired.desired_nodes()]
+    running = {n.name for n in observed.nodes.values() if n.phase is state.NodePhase.RUNNING}
+    ready = sum(1 for name in desired_names if name in running)
+    head = observed.head
+    head_ready = head is not None and head.phase is state.NodePhase.RUNNING
+    failures = [o for o in outcomes if o.error is not None]
+    permanent = [o for o in failures if o.is_permanent]
+
+    if deleting:
+        phase, message = state.ClusterPhase.DELETING, f"stopping {len(observed.nodes)} node(s)"
+    elif permanent:
+        phase, message = state.ClusterPhase.FAILED, str(permanent[0].error)
+    elif ready == len(desired_names):
+        phase, message = state.ClusterPhase.READY, f"{ready}/{len(desired_names)} nodes running"
+    elif previous.phase in (state.ClusterPhase.READY, state.ClusterPhase.DEGRADED) and head_ready:
+        phase, message = state.ClusterPhase.DEGRADED, f"{ready}/{len(desired_names)} nodes running"
+    else:
+        phase, message = state.ClusterPhase.PROVISIONING, f"{ready}/{len(desired_names)} nodes running"
+
+    conditions = [
+        _condition(
+            previous,
+            "HeadReady",
+            head_ready,
+            "HeadRunning" if head_ready else "HeadNotRunning",
+            head.reason if head and not head_ready else "",
+            now,
+        ),
+        _condition(
+            previous,
+            "Provisioned",
+            ready == len(desired_names),
+            "AllNodesRunning" if ready == len(desired_names) else "NodesPending",
+            f"{ready}/{len(desired_names)} nodes running",
+            now,
+        ),
+        _condition(
+            previous,
+            "ReplicaFailure",
+            bool(failures),
+            failures[0].reason if failures else "NoFailure",
+            str(failures[0].error) if failures else "",
+            now,
+        ),
+    ]
+    nodes = [
+        state.NodeStatus(
+            name=n.name,
+            group=n.group,
+            phase=n.phase,
+            is_head=n.is_head,
+            pid=n.pid,
+            ray_node_id=n.ray_node_id,
+            reason=n.reason,
+        )
+        for n in sorted(observed.nodes.values(), key=lambda n: (not n.is_head, n.group, _index(n.name)))
+    ]
+    return state.ClusterStatus(
+        phase=phase,
+        message=message,
+        desired_nodes=len(desired_names),
+        ready_nodes=ready,
+        nodes=nodes,
+        endpoints=dict(observed.endpoints),
+        conditions=conditions,
+        observed_generation=generation,
+    )
+
+
+def _condition(
+    previous: state.ClusterStatus, type_: str, status: bool, reason: str, message: str, now: datetime
+) -> state.Condition:
+    before = previous.condition(type_)
+    since = before.last_transition if before is not None and before.status == status else now
+    return state.Condition(type=type_, status=status, reason=reason, message=message, last_transition=since)
+
+
+def _index(name: str) -> int:
+    suffix = name.rsplit("-", 1)[-1]
+    return int(suffix) if suffix.isdigit() else -1

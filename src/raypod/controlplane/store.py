@@ -1,0 +1,205 @@
+"""Persisted specs, status and events, through SQLAlchemy (SQLite in WAL mode by default; any URL works).
+
+The schema is owned by the Alembic migrations beside this file and upgraded when a store opens.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import event as sa_event
+
+from raypod import errors, state
+from raypod import spec as spec_mod
+
+metadata = sa.MetaData()
+
+clusters = sa.Table(
+    "clusters",
+    metadata,
+    sa.Column("uid", sa.String(32), primary_key=True),
+    sa.Column("namespace", sa.String(63), nullable=False),
+    sa.Column("name", sa.String(63), nullable=False),
+    sa.Column("spec", sa.Text, nullable=False),
+    sa.Column("generation", sa.Integer, nullable=False, default=1),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("deleting", sa.Boolean, nullable=False, default=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    sa.UniqueConstraint("namespace", "name", name="uq_clusters_namespace_name"),
+)
+
+events = sa.Table(
+    "events",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("cluster_uid", sa.String(32), nullable=False, index=True),
+    sa.Column("namespace", sa.String(63), nullable=False),
+    sa.Column("cluster", sa.String(63), nullable=False),
+    sa.Column("time", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("type", sa.String(16), nullable=False),
+    sa.Column("reason", sa.String(64), nullable=False),
+    sa.Column("message", sa.Text, nullable=False),
+    sa.Column("node", sa.String(63), nullable=True),
+    sa.Index("ix_events_namespace_cluster", "namespace", "cluster"),
+)
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Store:
+    """Clusters and their events. Safe to use from the API threads and the reconcile loop at once."""
+
+    def __init__(self, url: str) -> None:
+        if url.startswith("sqlite:///"):
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        self.engine = sa.create_engine(url, connect_args={"timeout": 30} if url.startswith("sqlite") else {})
+        if url.startswith("sqlite"):
+            sa_event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        with self.engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- clusters ------------------------------------------------------------------------------------------
+
+    def insert(self, spec: spec_mod.ClusterSpec) -> state.ClusterView:
+        """Raises AlreadyExists when the namespace already has a cluster of that name."""
+        created = now()
+        row = {
+            "uid": uuid.uuid4().hex[:16],
+            "namespace": spec.namespace,
+            "name": spec.name,
+            "spec": spec.model_dump_json(),
+            "generation": 1,
+            "status": state.ClusterStatus(desired_nodes=len(spec.desired_nodes())).model_dump_json(),
+            "deleting": False,
+            "created_at": created,
+            "updated_at": created,
+        }
+        try:
+            with self.engine.begin() as connection:
+                connection.execute(clusters.insert().values(**row))
+        except sa.exc.IntegrityError:
+            raise errors.AlreadyExists(
+                f"cluster '{spec.name}' already exists in namespace '{spec.namespace}'; "
+                "pick another name or delete it first"
+            ) from None
+        return self.get(spec.namespace, spec.name)
+
+    def get(self, namespace: str, name: str) -> state.ClusterView:
+        """Raises NotFound, naming the clusters the namespace does have."""
+        with self.engine.connect() as connection:
+            row = connection.execute(
+                clusters.select().where(clusters.c.namespace == namespace, clusters.c.name == name)
+            ).first()
+            if row is None:
+                names = (
+                    connection.execute(
+                        sa.select(clusters.c.name).where(clusters.c.namespace == namespace).order_by(clusters.c.name)
+                    )
+                    .scalars()
+                    .all()
+                )
+        if row is None:
+            known = ", ".join(names) if names else "none"
+            raise errors.NotFound(f"cluster '{name}' not found in namespace '{namespace}' (clusters there: {known})")
+        return _view(row)
+
+    def list(self, namespace: str | None = None) -> list[state.ClusterView]:
+        query = clusters.select().order_by(clusters.c.namespace, clusters.c.name)
+        if namespace is not None:
+            query = query.where(clusters.c.namespace == namespace)
+        with self.engine.connect() as connection:
+            return [_view(row) for row in connection.execute(query)]
+
+    def update_spec(self, uid: str, spec: spec_mod.ClusterSpec) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(
+                clusters.update()
+                .where(clusters.c.uid == uid)
+                .values(spec=spec.model_dump_json(), generation=clusters.c.generation + 1, updated_at=now())
+            )
+
+    def mark_deleting(self, uid: str) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(clusters.update().where(clusters.c.uid == uid).values(deleting=True, updated_at=now()))
+
+    def save_status(self, uid: str, status: state.ClusterStatus) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(clusters.update().where(clusters.c.uid == uid).values(status=status.model_dump_json()))
+
+    def remove(self, uid: str) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(clusters.delete().where(clusters.c.uid == uid))
+
+    # -- events --------------------------------------------------------------------------------------------
+
+    def add_event(self, uid: str, recorded: state.Event) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(events.insert().values(cluster_uid=uid, **recorded.model_dump()))
+
+    def events(self, namespace: str, name: str, limit: int = 200) -> builtins.list[state.Event]:
+        """Events of every cluster that had this name, oldest first (events outlive a deleted cluster)."""
+        query = (
+            events.select()
+            .where(events.c.namespace == namespace, events.c.cluster == name)
+            .order_by(events.c.id.desc())
+            .limit(limit)
+        )
+        with self.engine.connect() as connection:
+            rows = list(connection.execute(query))
+        return [
+            state.Event(
+                time=_aware(row.time),
+                namespace=row.namespace,
+                cluster=row.cluster,
+                type=row.type,
+                reason=row.reason,
+                message=row.message,
+                node=row.node,
+            )
+            for row in reversed(rows)
+        ]
+
+
+def _view(row: sa.Row[tuple[object, ...]]) -> state.ClusterView:
+    mapping = row._mapping
+    return state.ClusterView(
+        uid=mapping["uid"],
+        spec=spec_mod.ClusterSpec.model_validate(json.loads(mapping["spec"])),
+        status=state.ClusterStatus.model_validate_json(mapping["status"]),
+        generation=mapping["generation"],
+        created_at=_aware(mapping["created_at"]),
+        deleting=bool(mapping["deleting"]),
+    )
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _sqlite_pragmas(dbapi_connection: object, _record: object) -> None:
+    cursor = dbapi_connection.cursor()  # type: ignore[attr-defined]
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()

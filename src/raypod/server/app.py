@@ -1,0 +1,57 @@
+"""create_app(settings): the raypod API server, with the reconcile loop running beside it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+import raypod
+from raypod import backends, config
+from raypod.backends import base
+from raypod.controlplane import loop, plan, service, store
+from raypod.server import errors as server_errors
+from raypod.server.routes import clusters
+
+
+def create_app(settings: config.Settings, backend: base.Backend | None = None) -> FastAPI:
+    """Build the app; the store, backend and loop open on startup and close on shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        db = store.Store(settings.resolved_database_url)
+        chosen = backend or backends.create_backend(settings)
+        reconciler = loop.Reconciler(
+            db,
+            chosen,
+            interval_s=settings.reconcile_interval_s,
+            settings=plan.PlanSettings(
+                drain_timeout_s=settings.drain_timeout_s, node_start_timeout_s=settings.node_start_timeout_s
+            ),
+        )
+        app.state.clusters = service.ClusterService(db, chosen, wake=reconciler.wake)
+        app.state.reconciler = reconciler
+        reconciler.start()
+        try:
+            yield
+        finally:
+            reconciler.stop()
+            chosen.close()
+            db.close()
+
+    app = FastAPI(
+        title="raypod",
+        version=raypod.__version__,
+        description="Ray clusters without YAML: create, scale, inspect and delete real Ray clusters.",
+        lifespan=lifespan,
+    )
+    server_errors.install(app)
+    app.include_router(clusters.router)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        """Public: liveness of the API server."""
+        return {"status": "ok", "version": raypod.__version__}
+
+    return app

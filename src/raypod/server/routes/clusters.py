@@ -1,0 +1,70 @@
+"""Cluster routes. Each parses the request, calls one service method and returns a model."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from raypod import spec as spec_mod
+from raypod import state
+from raypod.backends.kuberay import manifests
+from raypod.controlplane import service
+
+router = APIRouter(prefix="/api/v1", tags=["clusters"])
+
+NamePath = Annotated[str, Path(pattern=spec_mod.DNS1123_LABEL.pattern, max_length=63)]
+NamespaceQuery = Annotated[str | None, Query(pattern=spec_mod.DNS1123_LABEL.pattern, max_length=63)]
+
+
+class ScaleRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    group: str = Field(max_length=63)
+    replicas: int = Field(ge=0, le=spec_mod.MAX_REPLICAS)
+
+
+def cluster_service(request: Request) -> service.ClusterService:
+    svc: service.ClusterService = request.app.state.clusters
+    return svc
+
+
+Service = Annotated[service.ClusterService, Depends(cluster_service)]
+
+
+@router.get("/clusters")
+def list_clusters(svc: Service, namespace: NamespaceQuery = None) -> list[state.ClusterView]:
+    return svc.list(namespace)
+
+
+@router.post("/clusters", status_code=202)
+def create_cluster(spec: spec_mod.ClusterSpec, svc: Service) -> state.ClusterView:
+    return svc.create(spec)
+
+
+@router.get("/namespaces/{namespace}/clusters/{name}")
+def get_cluster(namespace: NamePath, name: NamePath, svc: Service) -> state.ClusterView:
+    return svc.get(namespace, name)
+
+
+@router.post("/namespaces/{namespace}/clusters/{name}/scale", status_code=202)
+def scale_cluster(namespace: NamePath, name: NamePath, req: ScaleRequest, svc: Service) -> state.ClusterView:
+    return svc.scale(namespace, name, req.group, req.replicas)
+
+
+@router.delete("/namespaces/{namespace}/clusters/{name}", status_code=202)
+def delete_cluster(namespace: NamePath, name: NamePath, svc: Service) -> state.ClusterView:
+    return svc.delete(namespace, name)
+
+
+@router.get("/namespaces/{namespace}/clusters/{name}/events")
+def cluster_events(
+    namespace: NamePath, name: NamePath, svc: Service, limit: Annotated[int, Query(ge=1, le=1000)] = 200
+) -> list[state.Event]:
+    return svc.events(namespace, name, limit)
+
+
+@router.get("/namespaces/{namespace}/clusters/{name}/manifest")
+def cluster_manifest(namespace: NamePath, name: NamePath, svc: Service) -> dict[str, Any]:
+    """The KubeRay RayCluster that would run this cluster on Kubernetes."""
+    return manifests.raycluster(svc.get(namespace, name).spec)

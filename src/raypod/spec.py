@@ -1,0 +1,373 @@
+"""Desired state: what a user asks for. Pure data and validation, no I/O.
+
+A ``ClusterSpec`` describes one Ray cluster independently of where it runs: the local backend turns it into
+``ray start`` processes, the KubeRay manifests turn it into a ``ray.io/v1`` ``RayCluster``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from raypod import errors
+
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESOURCE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.:/-]{0,62}$")
+
+MAX_REPLICAS = 1000
+MAX_WORKER_GROUPS = 32
+MAX_CPUS_PER_NODE = 1024
+MAX_GPUS_PER_NODE = 64
+RAY_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
+RESERVED_LABEL_PREFIXES = ("ray.io/", "raypod.io/")
+HEAD_GROUP = "headgroup"
+DEFAULT_RAY_VERSION = "2.60.0"
+
+_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
+_QUANTITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(|k|M|G|T|Ki|Mi|Gi|Ti)\s*$")
+
+
+def parse_bytes(value: Any) -> int:
+    """Parse a Kubernetes-style byte quantity ("2Gi", "512Mi", "1G", 1073741824) into bytes."""
+    if isinstance(value, bool):
+        raise ValueError("a byte quantity cannot be a boolean")
+    if isinstance(value, int | float):
+        number = int(value)
+    elif isinstance(value, str):
+        match = _QUANTITY.match(value)
+        if not match:
+            raise ValueError(f"'{value}' is not a byte quantity (examples: 512Mi, 2Gi, 1G, 1073741824)")
+        number = int(float(match.group(1)) * _UNITS[match.group(2)])
+    else:
+        raise ValueError(f"'{value}' is not a byte quantity")
+    if number < 0:
+        raise ValueError("a byte quantity cannot be negative")
+    return number
+
+
+def format_bytes(number: int) -> str:
+    """Format bytes as the shortest exact Kubernetes quantity ("2Gi", "300Mi", "1500")."""
+    for unit in ("Ti", "Gi", "Mi", "Ki"):
+        if number and number % _UNITS[unit] == 0:
+            return f"{number // _UNITS[unit]}{unit}"
+    return str(number)
+
+
+ByteSize = Annotated[int, BeforeValidator(parse_bytes), PlainSerializer(format_bytes, return_type=str)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NodeGroupSpec(_Strict):
+    """Resources and labels of every node of a group."""
+
+    cpus: int = Field(1, ge=0, le=MAX_CPUS_PER_NODE, description="Logical CPUs Ray schedules on.")
+    memory: ByteSize = Field(2**30, description="Memory Ray schedules tasks against (Ray's `memory`).")
+    object_store_memory: ByteSize = Field(256 * 2**20, description="Plasma object store size.")
+    gpus: int = Field(0, ge=0, le=MAX_GPUS_PER_NODE)
+    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Ray node labels.")
+
+    @field_validator("object_store_memory")
+    @classmethod
+    def _object_store_floor(cls, value: int) -> int:
+        if value < 80 * 2**20:
+            raise ValueError("object_store_memory must be at least 80Mi (Ray's minimum is 75 MB)")
+        return value
+
+    @field_validator("resources")
+    @classmethod
+    def _custom_resources(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, amount in value.items():
+            if name in RAY_BUILTIN_RESOURCES:
+                raise ValueError(f"resource '{name}' is built in: use the cpus/gpus/memory fields instead")
+            if not RESOURCE_NAME.match(name):
+                raise ValueError(f"resource name '{name}' must start with a letter and use [A-Za-z0-9_.:/-]")
+            if not 0 <= amount <= 1_000_000:
+                raise ValueError(f"resource '{name}' must be between 0 and 1000000, got {amount}")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, label in value.items():
+            if not LABEL_KEY.match(key):
+                raise ValueError(f"label key '{key}' is not a valid Kubernetes/Ray label key")
+            if key.startswith(RESERVED_LABEL_PREFIXES):
+                raise ValueError(f"label key '{key}' uses a reserved prefix ({', '.join(RESERVED_LABEL_PREFIXES)})")
+            if not LABEL_VALUE.match(label):
+                raise ValueError(f"label value '{label}' of '{key}' must be <= 63 characters of [A-Za-z0-9_.-]")
+        return value
+
+
+class HeadGroupSpec(NodeGroupSpec):
+    """The head node: GCS, dashboard and job API live here."""
+
+
+class WorkerGroupSpec(NodeGroupSpec):
+    """A named group of identical worker nodes, scaled by ``replicas`` within ``[min_replicas, max_replicas]``."""
+
+    name: str = Field(description="Group name (DNS-1123 label), also the `ray.io/node-group` label.")
+    replicas: int = Field(1, ge=0, le=MAX_REPLICAS)
+    min_replicas: int | None = Field(None, ge=0, le=MAX_REPLICAS, description="Defaults to replicas.")
+    max_replicas: int | None = Field(None, ge=0, le=MAX_REPLICAS, description="Defaults to replicas.")
+
+    @field_validator("name")
+    @classmethod
+    def _group_name(cls, value: str) -> str:
+        _check_dns_label(value, "worker group name", max_len=40)
+        if value == HEAD_GROUP:
+            raise ValueError(f"worker group name '{HEAD_GROUP}' is reserved for the head")
+        return value
+
+    @model_validator(mode="after")
+    def _bounds(self) -> WorkerGroupSpec:
+        lower, upper = self.effective_min_replicas, self.effective_max_replicas
+        if lower > upper:
+            raise ValueError(f"group '{self.name}': min_replicas {lower} > max_replicas {upper}")
+        if not lower <= self.replicas <= upper:
+            raise ValueError(f"group '{self.name}': replicas {self.replicas} outside [{lower}, {upper}]")
+        return self
+
+    @property
+    def effective_min_replicas(self) -> int:
+        """Without an explicit bound the group is fixed-size: it follows ``replicas``."""
+        return self.min_replicas if self.min_replicas is not None else self.replicas
+
+    @property
+    def effective_max_replicas(self) -> int:
+        return self.max_replicas if self.max_replicas is not None else self.replicas
+
+
+class GcsFaultToleranceSpec(_Strict):
+    """GCS fault tolerance through an external Redis, as KubeRay's ``gcsFaultToleranceOptions``."""
+
+    redis_address: str = Field(description="host:port of the Redis that stores GCS state.")
+    external_storage_namespace: str | None = None
+
+    @field_validator("redis_address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if not re.match(r"^(redis(s)?://)?[A-Za-z0-9.\-]+:\d{1,5}$", value):
+            raise ValueError(f"redis_address '{value}' must look like host:port")
+        return value
+
+
+class ClusterSpec(_Strict):
+    """Everything needed to run one Ray cluster: the desired state the reconciler converges to."""
+
+    name: str = Field(description="Cluster name (DNS-1123 label, at most 40 characters).")
+    namespace: str = Field("default", description="Namespace (DNS-1123 label); a team owns namespaces.")
+    owner: str | None = Field(None, max_length=128)
+    ray_version: str = Field(DEFAULT_RAY_VERSION, pattern=r"^\d+\.\d+\.\d+$")
+    image: str | None = Field(None, max_length=512, description="Container image on Kubernetes.")
+    head: HeadGroupSpec = Field(default_factory=HeadGroupSpec)
+    worker_groups: list[WorkerGroupSpec] = Field(default_factory=list, max_length=MAX_WORKER_GROUPS)
+    env: dict[str, str] = Field(default_factory=dict, description="Environment variables of every node.")
+    runtime_env: dict[str, Any] = Field(default_factory=dict, description="Default runtime_env of jobs.")
+    gcs_fault_tolerance: GcsFaultToleranceSpec | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        _check_dns_label(value, "cluster name", max_len=40)
+        return value
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        _check_dns_label(value, "namespace", max_len=63)
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not ENV_NAME.match(key):
+                raise ValueError(f"environment variable name '{key}' must match [A-Za-z_][A-Za-z0-9_]*")
+            if key.startswith("RAYPOD_"):
+                raise ValueError(f"environment variable '{key}' uses the reserved prefix RAYPOD_")
+        return value
+
+    @field_validator("runtime_env")
+    @classmethod
+    def _runtime_env(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"runtime_env must be JSON-serialisable: {exc}") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _unique_groups(self) -> ClusterSpec:
+        names = [group.name for group in self.worker_groups]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"worker group names must be unique, repeated: {', '.join(duplicates)}")
+        return self
+
+    def group(self, name: str) -> WorkerGroupSpec:
+        """Return the worker group called ``name``.
+
+        Raises:
+            NotFound: no such group; the message lists the groups there are.
+        """
+        for group in self.worker_groups:
+            if group.name == name:
+                return group
+        known = ", ".join(g.name for g in self.worker_groups) or "none"
+        raise errors.NotFound(f"worker group '{name}' not in cluster '{self.name}' (groups: {known})")
+
+    def with_replicas(self, group_name: str, replicas: int) -> ClusterSpec:
+        """Return a copy with one group scaled; bounds are validated like any spec.
+
+        Raises:
+            NotFound: no such group.
+            InvalidSpec: replicas outside the group's bounds.
+        """
+        self.group(group_name)
+        data = self.model_dump(mode="json")
+        for group in data["worker_groups"]:
+            if group["name"] == group_name:
+                group["replicas"] = replicas
+        return parse_spec(data)
+
+    def desired_nodes(self) -> list[NodeSpec]:
+        """Return every node this spec asks for, head first, with deterministic names."""
+        nodes = [NodeSpec.from_group(HEAD_GROUP, "head", self.head, self.env, is_head=True)]
+        for group in self.worker_groups:
+            nodes.extend(
+                NodeSpec.from_group(group.name, node_name(group.name, index), group, self.env, is_head=False)
+                for index in range(group.replicas)
+            )
+        return nodes
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+
+def node_name(group: str, index: int) -> str:
+    """Name of the ``index``-th node of a worker group; scale-down removes the highest indices first."""
+    return f"{group}-{index}"
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node the backend must run: a group's resources resolved for a single node."""
+
+    name: str
+    group: str
+    is_head: bool
+    cpus: int
+    memory: int
+    object_store_memory: int
+    gpus: int = 0
+    resources: dict[str, float] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_group(cls, group: str, name: str, spec: NodeGroupSpec, env: dict[str, str], *, is_head: bool) -> NodeSpec:
+        return cls(
+            name=name,
+            group=group,
+            is_head=is_head,
+            cpus=spec.cpus,
+            memory=spec.memory,
+            object_store_memory=spec.object_store_memory,
+            gpus=spec.gpus,
+            resources=dict(spec.resources),
+            labels=dict(spec.labels),
+            env=dict(env),
+        )
+
+
+def _check_dns_label(value: str, what: str, *, max_len: int) -> None:
+    if not value or len(value) > max_len or not DNS1123_LABEL.match(value):
+        raise ValueError(
+            f"{what} '{value}' must be 1-{max_len} characters of lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit"
+        )
+
+
+def parse_spec(data: Any) -> ClusterSpec:
+    """Validate a spec from parsed JSON/YAML.
+
+    Raises:
+        InvalidSpec: with one line per problem, each naming the field.
+    """
+    try:
+        return ClusterSpec.model_validate(data)
+    except ValidationError as exc:
+        raise errors.InvalidSpec(describe_validation_error(exc), detail=_problems(exc)) from None
+
+
+def load_spec_data(text: str) -> dict[str, Any]:
+    """Parse a YAML or JSON document into a mapping, unvalidated.
+
+    Raises:
+        InvalidSpec: the text is not a YAML/JSON mapping.
+    """
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise errors.InvalidSpec(f"spec is not valid YAML or JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise errors.InvalidSpec("spec must be a mapping with at least a 'name'")
+    return data
+
+
+def load_spec(text: str) -> ClusterSpec:
+    """Parse and validate a YAML or JSON spec.
+
+    Raises:
+        InvalidSpec: the text is not YAML/JSON, or the spec is invalid.
+    """
+    return parse_spec(load_spec_data(text))
+
+
+def _problems(exc: ValidationError) -> list[dict[str, str]]:
+    return [
+        {"field": ".".join(str(part) for part in err["loc"]) or "(spec)", "problem": _clean(err["msg"])}
+        for err in exc.errors()
+    ]
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """Turn a pydantic error into one readable line per problem ("field: problem")."""
+    return "; ".join(f"{p['field']}: {p['problem']}" for p in _problems(exc))
+
+
+def _clean(message: str) -> str:
+    return message.removeprefix("Value error, ")

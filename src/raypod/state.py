@@ -1,0 +1,119 @@
+"""Observed state and status: what backends see, and what the control plane reports back to users.
+
+Observations are plain frozen dataclasses built fresh on every reconcile pass; status and events are pydantic
+models because they cross the wire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, Field
+
+from raypod import spec as spec_mod
+
+
+class NodePhase(StrEnum):
+    STARTING = "Starting"
+    RUNNING = "Running"
+    DRAINING = "Draining"
+    DEAD = "Dead"
+
+
+class ClusterPhase(StrEnum):
+    PENDING = "Pending"
+    PROVISIONING = "Provisioning"
+    READY = "Ready"
+    DEGRADED = "Degraded"
+    DELETING = "Deleting"
+    FAILED = "Failed"
+
+
+@dataclass(frozen=True)
+class ObservedNode:
+    """One node as the backend sees it right now."""
+
+    name: str
+    group: str
+    is_head: bool
+    phase: NodePhase
+    started_at: float
+    pid: int | None = None
+    ray_node_id: str | None = None
+    drain_deadline: float | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ObservedCluster:
+    """A cluster as the backend sees it: its nodes, endpoints, and processes no node accounts for."""
+
+    nodes: dict[str, ObservedNode] = field(default_factory=dict)
+    endpoints: dict[str, str] = field(default_factory=dict)
+    stray_nodes: frozenset[str] = frozenset()
+
+    @property
+    def head(self) -> ObservedNode | None:
+        return next((node for node in self.nodes.values() if node.is_head), None)
+
+
+class Condition(BaseModel):
+    type: str
+    status: bool
+    reason: str
+    message: str = ""
+    last_transition: datetime
+
+
+class NodeStatus(BaseModel):
+    name: str
+    group: str
+    phase: NodePhase
+    is_head: bool = False
+    pid: int | None = None
+    ray_node_id: str | None = None
+    reason: str = ""
+
+
+class ClusterStatus(BaseModel):
+    phase: ClusterPhase = ClusterPhase.PENDING
+    message: str = ""
+    desired_nodes: int = 0
+    ready_nodes: int = 0
+    nodes: list[NodeStatus] = Field(default_factory=list)
+    endpoints: dict[str, str] = Field(default_factory=dict)
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int = 0
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+class EventType(StrEnum):
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+class Event(BaseModel):
+    """Something that happened to a cluster; ``reason`` is CamelCase past tense (``CreatedWorker``)."""
+
+    time: datetime
+    namespace: str
+    cluster: str
+    type: EventType = EventType.NORMAL
+    reason: str
+    message: str
+    node: str | None = None
+
+
+class ClusterView(BaseModel):
+    """What the API returns for a cluster: the accepted spec and the last derived status."""
+
+    uid: str
+    spec: spec_mod.ClusterSpec
+    status: ClusterStatus
+    generation: int
+    created_at: datetime
+    deleting: bool = False
