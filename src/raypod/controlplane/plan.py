@@ -74,8 +74,12 @@ def plan(
         elif deletes_or_drain is not None:
             deletes.append(deletes_or_drain)
 
+    # Workers join through the head's GCS: a worker started before it answers can time out in Ray's start-up.
+    head_running = head is not None and head.phase is state.NodePhase.RUNNING and HEAD not in gone
     for name, wanted in desired_nodes.items():
         if name in observed.nodes and name not in gone:
+            continue
+        if not wanted.is_head and not head_running:
             continue
         reason = "ReplacedNode" if name in gone else "CreatedHead" if wanted.is_head else "CreatedWorker"
         creates.append(actions.CreateNode(wanted, reason, _describe(wanted)))

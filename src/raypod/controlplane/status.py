@@ -28,16 +28,22 @@ def derive_status(
     failures = [o for o in outcomes if o.error is not None]
     permanent = [o for o in failures if o.is_permanent]
 
+    surplus = sorted(name for name in observed.nodes if name not in set(desired_names))
+    counts = f"{ready}/{len(desired_names)} nodes running"
+    was_running = {n.name for n in previous.nodes if n.phase is state.NodePhase.RUNNING}
+    lost = [name for name in desired_names if name in was_running and name not in running]
     if deleting:
         phase, message = state.ClusterPhase.DELETING, f"stopping {len(observed.nodes)} node(s)"
     elif permanent:
         phase, message = state.ClusterPhase.FAILED, str(permanent[0].error)
-    elif ready == len(desired_names):
-        phase, message = state.ClusterPhase.READY, f"{ready}/{len(desired_names)} nodes running"
-    elif previous.phase in (state.ClusterPhase.READY, state.ClusterPhase.DEGRADED) and head_ready:
-        phase, message = state.ClusterPhase.DEGRADED, f"{ready}/{len(desired_names)} nodes running"
+    elif ready == len(desired_names) and not surplus:
+        phase, message = state.ClusterPhase.READY, counts
+    elif head_ready and (lost or previous.phase is state.ClusterPhase.DEGRADED):
+        phase, message = state.ClusterPhase.DEGRADED, f"{counts}; replacing lost nodes"
+    elif surplus:
+        phase, message = state.ClusterPhase.PROVISIONING, f"{counts}; removing {', '.join(surplus)}"
     else:
-        phase, message = state.ClusterPhase.PROVISIONING, f"{ready}/{len(desired_names)} nodes running"
+        phase, message = state.ClusterPhase.PROVISIONING, counts
 
     conditions = [
         _condition(
