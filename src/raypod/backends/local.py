@@ -33,7 +33,7 @@ NODE_MARKER = "RAYPOD_NODE_NAME"
 INCARNATION_LABEL = "raypod.io/incarnation"
 HEAD_OVERHEAD_BYTES = 1800 * 2**20
 WORKER_OVERHEAD_BYTES = 350 * 2**20
-STOP_GRACE_S = 5.0
+STOP_GRACE_S = 3.0
 
 # GCS health checks that mark a lost node DEAD in about a second instead of ~15 s (measured, see docs).
 FAST_HEALTH_CHECKS = {

@@ -112,6 +112,7 @@ class Reconciler:
     ) -> None:
         """Events for what happened on its own between passes: nodes that came up or died."""
         previous = {node.name: node.phase for node in before.nodes}
+        wanted = {node.name for node in view.spec.desired_nodes()}
         for node in after.nodes:
             was = previous.get(node.name)
             if node.phase is state.NodePhase.RUNNING and was is not state.NodePhase.RUNNING:
@@ -122,11 +123,7 @@ class Reconciler:
                     f"node {node.name} is alive in Ray (pid {node.pid})",
                     node.name,
                 )
-            elif node.phase is state.NodePhase.DEAD and was not in (
-                None,
-                state.NodePhase.DEAD,
-                state.NodePhase.DRAINING,
-            ):
+            elif node.phase is state.NodePhase.DEAD and node.name in wanted and was is not state.NodePhase.DEAD:
                 self._record(view, state.EventType.WARNING, "NodeDied", f"node {node.name}: {node.reason}", node.name)
         if after.phase is not before.phase and after.phase in (state.ClusterPhase.READY, state.ClusterPhase.DEGRADED):
             kind = state.EventType.NORMAL if after.phase is state.ClusterPhase.READY else state.EventType.WARNING
