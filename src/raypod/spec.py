@@ -163,7 +163,9 @@ class WorkerGroupSpec(NodeGroupSpec):
     @property
     def effective_min_replicas(self) -> int:
         """Without an explicit bound the group is fixed-size: it follows ``replicas``."""
-        return self.min_replicas if self.min_replicas is not None else self.replicas
+        if self.min_replicas is not None:
+            return self.min_replicas
+        return min(self.replicas, self.max_replicas) if self.max_replicas is not None else self.replicas
 
     @property
     def effective_max_replicas(self) -> int:

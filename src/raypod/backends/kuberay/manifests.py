@@ -45,11 +45,15 @@ def raycluster(spec: spec_mod.ClusterSpec) -> dict[str, Any]:
             for group in spec.worker_groups
         ],
     }
-    if spec.head.labels:
-        body["headGroupSpec"]["labels"] = dict(spec.head.labels)
-    for group, manifest in zip(spec.worker_groups, body["workerGroupSpecs"], strict=True):
+    # KubeRay >= 1.5 takes node labels and custom resources as group fields and passes them to `ray start`.
+    for group, manifest in [
+        (spec.head, body["headGroupSpec"]),
+        *list(zip(spec.worker_groups, body["workerGroupSpecs"], strict=True)),
+    ]:
         if group.labels:
             manifest["labels"] = dict(group.labels)
+        if group.resources:
+            manifest["resources"] = {name: f"{amount:g}" for name, amount in sorted(group.resources.items())}
     if spec.gcs_fault_tolerance is not None:
         options: dict[str, Any] = {"redisAddress": spec.gcs_fault_tolerance.redis_address}
         if spec.gcs_fault_tolerance.external_storage_namespace:
@@ -66,8 +70,6 @@ def _ray_start_params(group: spec_mod.NodeGroupSpec, *, is_head: bool) -> dict[s
     }
     if group.gpus:
         params["num-gpus"] = str(group.gpus)
-    if group.resources:
-        params["resources"] = json.dumps(group.resources, sort_keys=True)
     if is_head:
         params["dashboard-host"] = "0.0.0.0"
     return params

@@ -1,0 +1,74 @@
+"""Generated RayCluster manifests validate against KubeRay v1.7.0's CRD schema (from ../shared)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from raypod import spec as spec_mod
+from raypod.backends.kuberay import manifests
+
+
+@pytest.fixture(scope="module")
+def raycluster_schema(kuberay_crds: Path) -> dict[str, Any]:
+    crd = yaml.safe_load((kuberay_crds / "ray.io_rayclusters.yaml").read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+SPECS = [
+    {"name": "small"},
+    {"name": "demo", "worker_groups": [{"name": "cpu", "replicas": 2}]},
+    {
+        "name": "full",
+        "namespace": "team-a",
+        "owner": "alice",
+        "image": "example.org/ray:custom",
+        "head": {"cpus": 2, "memory": "4Gi", "labels": {"zone": "a"}},
+        "worker_groups": [
+            {"name": "cpu", "replicas": 1, "min_replicas": 0, "max_replicas": 5, "resources": {"disk": 2}},
+            {"name": "gpu", "replicas": 1, "gpus": 2, "labels": {"accelerator": "h100"}},
+        ],
+        "env": {"A": "1"},
+        "runtime_env": {"pip": ["requests"]},
+        "gcs_fault_tolerance": {"redis_address": "redis:6379", "external_storage_namespace": "full"},
+    },
+]
+
+
+@pytest.mark.parametrize("data", SPECS, ids=[s["name"] for s in SPECS])
+def test_manifest_validates_against_the_crd(data: dict[str, Any], raycluster_schema: dict[str, Any]) -> None:
+    manifest = manifests.raycluster(spec_mod.parse_spec(data))
+    jsonschema.validate(manifest["spec"], raycluster_schema["properties"]["spec"])
+    assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayCluster"
+
+
+def test_schema_check_is_strict_enough_to_catch_a_broken_manifest(raycluster_schema: dict[str, Any]) -> None:
+    manifest = manifests.raycluster(spec_mod.parse_spec(SPECS[1]))
+    del manifest["spec"]["workerGroupSpecs"][0]["groupName"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(manifest["spec"], raycluster_schema["properties"]["spec"])
+
+
+def test_manifest_carries_the_spec() -> None:
+    manifest = manifests.raycluster(spec_mod.parse_spec(SPECS[2]))
+    body = manifest["spec"]
+    assert manifest["metadata"]["namespace"] == "team-a"
+    assert body["enableInTreeAutoscaling"] is True
+    cpu, gpu = body["workerGroupSpecs"]
+    assert (cpu["minReplicas"], cpu["replicas"], cpu["maxReplicas"]) == (0, 1, 5)
+    assert cpu["resources"] == {"disk": "2"}
+    assert gpu["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert gpu["labels"] == {"accelerator": "h100"}
+    assert body["gcsFaultToleranceOptions"]["redisAddress"] == "redis:6379"
+    assert body["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] == "example.org/ray:custom"
+
+
+def test_fixed_size_groups_do_not_enable_the_autoscaler() -> None:
+    manifest = manifests.raycluster(spec_mod.parse_spec(SPECS[1]))
+    assert manifest["spec"]["enableInTreeAutoscaling"] is False
