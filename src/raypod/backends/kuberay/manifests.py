@@ -46,10 +46,8 @@ def raycluster(spec: spec_mod.ClusterSpec) -> dict[str, Any]:
         ],
     }
     # KubeRay >= 1.5 takes node labels and custom resources as group fields and passes them to `ray start`.
-    for group, manifest in [
-        (spec.head, body["headGroupSpec"]),
-        *list(zip(spec.worker_groups, body["workerGroupSpecs"], strict=True)),
-    ]:
+    groups: list[spec_mod.NodeGroupSpec] = [spec.head, *spec.worker_groups]
+    for group, manifest in zip(groups, [body["headGroupSpec"], *body["workerGroupSpecs"]], strict=True):
         if group.labels:
             manifest["labels"] = dict(group.labels)
         if group.resources:

@@ -1,0 +1,108 @@
+"""The CLI in-process: Typer's CliRunner, with the SDK talking to the app through FastAPI's TestClient."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from raypod import config
+from raypod.backends.fake import FakeBackend
+from raypod.cli import cluster
+from raypod.cli.main import app
+from raypod.client import Client
+from raypod.server.app import create_app
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def backend() -> FakeBackend:
+    return FakeBackend()
+
+
+@pytest.fixture
+def server(tmp_path: Path, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    settings = config.Settings(home=tmp_path, reconcile_interval_s=0.05)
+    with TestClient(create_app(settings, backend=backend)) as http:
+        monkeypatch.setattr(cluster, "client", lambda: Client("http://testserver", http=http))
+        yield http
+
+
+def test_dry_run_prints_a_raycluster_and_needs_no_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAYPOD_SERVER", "http://127.0.0.1:9")
+    result = runner.invoke(
+        app, ["cluster", "create", "demo", "--workers", "3", "--worker-cpus", "2", "--dry-run", "-o", "yaml"]
+    )
+    assert result.exit_code == 0, result.output
+    manifest = yaml.safe_load(result.stdout)
+    assert manifest["kind"] == "RayCluster"
+    group = manifest["spec"]["workerGroupSpecs"][0]
+    assert (group["groupName"], group["replicas"], group["rayStartParams"]["num-cpus"]) == ("workers", 3, "2")
+
+
+def test_spec_file_and_shortcuts_combine(tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text("name: ignored\nenv: {A: '1'}\nworker_groups: [{name: workers, replicas: 1, cpus: 2}]\n")
+    result = runner.invoke(
+        app, ["cluster", "create", "demo", "-f", str(path), "--workers", "4", "--dry-run", "-o", "json"]
+    )
+    assert result.exit_code == 0, result.output
+    manifest = json.loads(result.stdout)
+    assert manifest["metadata"]["name"] == "demo"
+    group = manifest["spec"]["workerGroupSpecs"][0]
+    assert (group["replicas"], group["rayStartParams"]["num-cpus"]) == (4, "2")
+
+
+def test_create_list_get_scale_events_delete(server: TestClient, backend: FakeBackend) -> None:
+    result = runner.invoke(app, ["cluster", "create", "demo", "--workers", "2", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["status"]["phase"] == "Ready"
+
+    listed = runner.invoke(app, ["cluster", "list", "-o", "json"])
+    assert [v["spec"]["name"] for v in json.loads(listed.stdout)] == ["demo"]
+    table = runner.invoke(app, ["cluster", "list"])
+    assert "demo" in table.stdout and "Ready" in table.stdout
+
+    scaled = runner.invoke(app, ["cluster", "scale", "demo", "3", "-o", "yaml"])
+    assert scaled.exit_code == 0, scaled.output
+    assert len(yaml.safe_load(scaled.stdout)["status"]["nodes"]) == 4
+
+    events = runner.invoke(app, ["cluster", "events", "demo", "-o", "json"])
+    assert "Scaled" in [e["reason"] for e in json.loads(events.stdout)]
+
+    deleted = runner.invoke(app, ["cluster", "delete", "demo"])
+    assert deleted.exit_code == 0 and "deleted" in deleted.stdout
+    assert backend.nodes == {}
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["cluster", "create", "Bad_Name", "--dry-run"], "cluster name 'Bad_Name'"),
+        (["cluster", "create", "demo", "--workers", "-1", "--dry-run"], "replicas"),
+        (["cluster", "create", "demo", "-f", "/nonexistent.yaml", "--dry-run"], "cannot read spec file"),
+        (["cluster", "get", "nope"], "cluster 'nope' not found"),
+        (["cluster", "scale", "nope", "2"], "not found"),
+        (["cluster", "delete", "nope"], "not found"),
+        (["cluster", "events", "nope"], "not found"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_1(server: TestClient, args: list[str], fragment: str) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1
+    assert fragment in result.stderr
+    assert "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_unreachable_server_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAYPOD_SERVER", "http://127.0.0.1:9")
+    result = runner.invoke(app, ["cluster", "list"])
+    assert result.exit_code == 1
+    assert "cannot reach the raypod server at http://127.0.0.1:9" in result.stderr

@@ -1,0 +1,162 @@
+"""The API in-process: create_app with the fake backend behind FastAPI's TestClient (no sockets, no Ray)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from raypod import config
+from raypod.backends import base
+from raypod.backends.fake import FakeBackend
+from raypod.server.app import create_app
+
+CLUSTER = {"name": "demo", "worker_groups": [{"name": "cpu", "replicas": 2}]}
+
+
+@pytest.fixture
+def backend() -> FakeBackend:
+    return FakeBackend(
+        capacity=base.HostCapacity(
+            cpus_per_node=2,
+            memory_bytes=16 * 2**30,
+            shared_memory_bytes=8 * 2**30,
+            gpus_per_node=0,
+            head_overhead_bytes=2**30,
+            worker_overhead_bytes=2**28,
+        )
+    )
+
+
+@pytest.fixture
+def api(tmp_path: Path, backend: FakeBackend) -> Iterator[TestClient]:
+    settings = config.Settings(home=tmp_path, reconcile_interval_s=0.05)
+    with TestClient(create_app(settings, backend=backend), raise_server_exceptions=False) as client:
+        yield client
+
+
+def wait_for(api: TestClient, path: str, predicate: Any, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        response = api.get(path)
+        if predicate(response):
+            return response
+        time.sleep(0.05)
+    raise AssertionError(f"condition on {path} not met: {response.status_code} {response.text[:300]}")
+
+
+def ready(response: Any) -> bool:
+    return response.status_code == 200 and response.json()["status"]["phase"] == "Ready"
+
+
+PATH = "/api/v1/namespaces/default/clusters/demo"
+
+
+def test_create_scale_delete_through_the_api(api: TestClient, backend: FakeBackend) -> None:
+    created = api.post("/api/v1/clusters", json=CLUSTER)
+    assert created.status_code == 202, created.text
+    view = wait_for(api, PATH, ready).json()
+    assert [n["name"] for n in view["status"]["nodes"]] == ["head", "cpu-0", "cpu-1"]
+
+    assert api.post(f"{PATH}/scale", json={"group": "cpu", "replicas": 1}).status_code == 202
+    view = wait_for(api, PATH, lambda r: ready(r) and len(r.json()["status"]["nodes"]) == 2).json()
+    assert ("drain", view["uid"], "cpu-1") in backend.calls
+
+    assert api.delete(PATH).status_code == 202
+    wait_for(api, PATH, lambda r: r.status_code == 404)
+    assert ("release", view["uid"], "") in backend.calls
+    reasons = [e["reason"] for e in api.get(f"{PATH}/events").json()]
+    for expected in ("Created", "CreatedHead", "CreatedWorker", "Scaled", "DrainedNode", "DeletionRequested"):
+        assert expected in reasons
+
+
+def test_dead_node_is_replaced_and_recorded(api: TestClient, backend: FakeBackend) -> None:
+    uid = api.post("/api/v1/clusters", json=CLUSTER).json()["uid"]
+    wait_for(api, PATH, ready)
+    backend.kill(uid, "cpu-0")
+    wait_for(api, f"{PATH}/events", lambda r: "ReplacedNode" in [e["reason"] for e in r.json()])
+    wait_for(api, PATH, ready)
+    reasons = [e["reason"] for e in api.get(f"{PATH}/events").json()]
+    assert reasons.index("RemovedDeadNode") < reasons.index("ReplacedNode")
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        ({"name": "Bad_Name"}, 422, "name"),
+        ({"name": "demo", "worker_groups": [{"name": "cpu", "replicas": -3}]}, 422, "replicas"),
+        ({"name": "demo", "worker_groups": [{"name": "cpu", "replicas": 1_000_000}]}, 422, "replicas"),
+        ({"name": "demo", "worker_groups": [{"name": "cpu", "replicas": 500}]}, 422, "needs"),
+        ({"name": "demo", "worker_groups": [{"name": "cpu", "cpus": 64}]}, 422, "64 CPUs"),
+        ({"name": "demo", "worker_groups": [{"name": "cpu", "gpus": 1}]}, 422, "GPUs"),
+        ({"name": "demo", "head": {"memory": "100Ti"}}, 422, "memory"),
+        ({"name": "demo", "flavour": "large"}, 422, "flavour"),
+        ({}, 422, "name"),
+    ],
+)
+def test_bad_specs_get_a_clear_4xx_and_start_nothing(
+    api: TestClient, backend: FakeBackend, body: dict[str, Any], status: int, fragment: str
+) -> None:
+    response = api.post("/api/v1/clusters", json=body)
+    assert response.status_code == status
+    payload = response.json()
+    assert payload["code"] in ("invalid_spec", "insufficient_capacity")
+    assert fragment in payload["message"]
+    assert backend.calls == []
+    assert api.get("/api/v1/clusters").json() == []
+
+
+def test_malformed_json_is_a_client_error(api: TestClient) -> None:
+    response = api.post("/api/v1/clusters", content=b"{not json", headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert response.json()["code"] == "invalid_spec"
+
+
+def test_duplicates_unknown_clusters_and_groups_leave_the_running_cluster_alone(
+    api: TestClient, backend: FakeBackend
+) -> None:
+    api.post("/api/v1/clusters", json=CLUSTER)
+    before = wait_for(api, PATH, ready).json()
+    calls = list(backend.calls)
+
+    duplicate = api.post("/api/v1/clusters", json=CLUSTER)
+    assert (duplicate.status_code, duplicate.json()["code"]) == (409, "already_exists")
+    missing = api.get("/api/v1/namespaces/default/clusters/nope")
+    assert missing.status_code == 404 and "clusters there: demo" in missing.json()["message"]
+    assert api.delete("/api/v1/namespaces/default/clusters/nope").status_code == 404
+    group = api.post(f"{PATH}/scale", json={"group": "gpu", "replicas": 1})
+    assert group.status_code == 404 and "groups: cpu" in group.json()["message"]
+    assert api.post(f"{PATH}/scale", json={"group": "cpu", "replicas": -1}).status_code == 422
+    assert api.post(f"{PATH}/scale", json={"group": "cpu", "replicas": 400}).status_code == 422
+    assert api.post(f"{PATH}/scale", json={"group": "cpu"}).status_code == 422
+    assert api.get("/api/v1/namespaces/default/clusters/..%2Fetc").status_code in (404, 422)
+    assert api.get("/api/v1/namespaces/Bad_NS/clusters/demo").status_code == 422
+
+    time.sleep(0.3)
+    after = api.get(PATH).json()
+    assert backend.calls == calls
+    assert after["generation"] == before["generation"]
+    assert after["status"]["phase"] == "Ready"
+
+
+def test_manifest_route_and_openapi(api: TestClient) -> None:
+    api.post("/api/v1/clusters", json=CLUSTER)
+    manifest = api.get(f"{PATH}/manifest").json()
+    assert manifest["kind"] == "RayCluster" and manifest["spec"]["workerGroupSpecs"][0]["replicas"] == 2
+    paths = api.get("/openapi.json").json()["paths"]
+    assert "/api/v1/namespaces/{namespace}/clusters/{name}/scale" in paths
+    assert api.get("/healthz").json()["status"] == "ok"
+
+
+def test_unexpected_errors_become_a_500_with_a_request_id(api: TestClient, backend: FakeBackend) -> None:
+    def broken() -> base.HostCapacity:
+        raise RuntimeError("boom")
+
+    backend.capacity = broken  # type: ignore[method-assign]
+    response = api.post("/api/v1/clusters", json=CLUSTER)
+    assert response.status_code == 500
+    assert "boom" not in response.text and response.json()["detail"]["request_id"]
