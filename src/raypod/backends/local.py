@@ -237,7 +237,6 @@ class LocalBackend:
             "start",
             "--block",
             "--disable-usage-stats",
-            "--node-ip-address=127.0.0.1",
             f"--node-name={node.name}",
             f"--num-cpus={node.cpus}",
             f"--num-gpus={node.gpus}",

@@ -1,0 +1,143 @@
+"""A real raypod server process with the local backend: real `ray start` nodes, real HTTP.
+
+Every process started here is stopped at the end, including Ray nodes left behind by a failed test.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+
+from raypod.backends import local
+from raypod.client import Client
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class RaypodServer:
+    home: Path
+    port: int
+    process: subprocess.Popen[bytes] | None = None
+    log: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log = self.home / "server.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "RAYPOD_HOME": str(self.home),
+            "RAYPOD_SERVER": self.url,
+            "RAYPOD_RECONCILE_INTERVAL_S": "0.5",
+            "RAYPOD_DRAIN_TIMEOUT_S": "30",
+        }
+
+    def start(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "raypod", "server", "--port", str(self.port)],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with Client(self.url) as probe:
+                    probe.health()
+                return
+            except Exception:
+                time.sleep(0.2)
+        raise RuntimeError(f"raypod server did not start:\n{self.log.read_text()[-3000:]}")
+
+    def kill9(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def client(self) -> Client:
+        return Client(self.url, timeout=60)
+
+
+def cluster_processes(cluster_id: str | None = None) -> list[psutil.Process]:
+    """Live (non-zombie) processes that carry a raypod cluster marker."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            marker = process.environ().get(local.CLUSTER_MARKER)
+        except (psutil.Error, OSError):
+            continue
+        if marker and (cluster_id is None or marker == cluster_id):
+            found.append(process)
+    return found
+
+
+@pytest.fixture(scope="session")
+def raypod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaypodServer]:
+    server = RaypodServer(tmp_path_factory.mktemp("raypod-home"), free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        try:
+            with server.client() as api:
+                views = api.clusters.list()
+                for view in views:
+                    api.clusters.delete(view.spec.name, view.spec.namespace)
+                for view in views:
+                    api.clusters.wait_deleted(view.spec.name, view.spec.namespace, timeout=60)
+        except Exception:
+            pass
+        server.stop()
+        local_root = server.home / "local"
+        ids = {p.name for p in local_root.iterdir()} if local_root.exists() else set()
+        for process in cluster_processes():
+            try:
+                if process.environ().get(local.CLUSTER_MARKER) in ids:
+                    process.kill()
+            except psutil.Error:
+                pass
+
+
+def run_driver(address: str, code: str, timeout: float = 120) -> str:
+    """Run a Ray driver in a fresh interpreter against a cluster and return its stdout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["RAY_ADDRESS"] = address
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
