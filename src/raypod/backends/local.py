@@ -8,6 +8,7 @@ running nodes without remembering anything, and deleting a node finds every proc
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -34,6 +35,14 @@ INCARNATION_LABEL = "raypod.io/incarnation"
 HEAD_OVERHEAD_BYTES = 1800 * 2**20
 WORKER_OVERHEAD_BYTES = 350 * 2**20
 STOP_GRACE_S = 3.0
+NODE_PORTS = (
+    "agent_port",
+    "metrics_port",
+    "node_manager_port",
+    "object_manager_port",
+    "runtime_env_agent_port",
+    "agent_grpc_port",
+)
 
 # GCS health checks that mark a lost node DEAD in about a second instead of ~15 s (measured, see docs).
 FAST_HEALTH_CHECKS = {
@@ -61,6 +70,10 @@ class _NodeRecord:
     started_at: float
     agent_port: int
     metrics_port: int
+    node_manager_port: int
+    object_manager_port: int
+    runtime_env_agent_port: int
+    agent_grpc_port: int
     pid: int = 0
     create_time: float = 0.0
     drain_deadline: float | None = None
@@ -151,15 +164,15 @@ class LocalBackend:
             existing = self._read_nodes(cluster_id).get(node.name)
             if existing and _is_alive(existing):
                 return
-            agent_port, metrics_port = _ports.allocate(2, self._reserved_ports())
+            # Every port is pinned: left to Ray, nodes started at the same moment can pick the same free port.
+            ports = _ports.allocate(len(NODE_PORTS), self._reserved_ports())
             record = _NodeRecord(
                 name=node.name,
                 group=node.group,
                 is_head=node.is_head,
                 incarnation=uuid.uuid4().hex[:12],
                 started_at=time.time(),
-                agent_port=agent_port,
-                metrics_port=metrics_port,
+                **dict(zip(NODE_PORTS, ports, strict=True)),
             )
             node_dir = self._cluster_dir(cluster_id) / "nodes"
             log = open(node_dir / f"{node.name}.log", "ab")  # noqa: SIM115 - handed to the child
@@ -244,7 +257,11 @@ class LocalBackend:
             f"--object-store-memory={node.object_store_memory}",
             f"--labels={','.join(f'{k}={v}' for k, v in sorted(labels.items()))}",
             f"--dashboard-agent-listen-port={record.agent_port}",
+            f"--dashboard-agent-grpc-port={record.agent_grpc_port}",
             f"--metrics-export-port={record.metrics_port}",
+            f"--node-manager-port={record.node_manager_port}",
+            f"--object-manager-port={record.object_manager_port}",
+            f"--runtime-env-agent-port={record.runtime_env_agent_port}",
         ]
         if node.resources:
             command.append(f"--resources={json.dumps(node.resources)}")
@@ -258,8 +275,10 @@ class LocalBackend:
                 f"--temp-dir={cluster.temp_dir}",
             ]
         else:
-            # One log monitor per cluster: with one per node a worker's print reaches the driver once per monitor.
-            command += [f"--address=127.0.0.1:{cluster.gcs_port}", "--include-log-monitor=False"]
+            # Each node gets its own session dir: nodes that share one race for the same socket and log names
+            # when they start at the same moment. Its log monitor then reads only its own node's logs.
+            node_temp = os.path.join(cluster.temp_dir, f"n{hashlib.sha1(node.name.encode()).hexdigest()[:6]}")
+            command += [f"--address=127.0.0.1:{cluster.gcs_port}", f"--temp-dir={node_temp}"]
         return command
 
     def _environment(self, cluster_id: str, node: spec_mod.NodeSpec) -> dict[str, str]:
@@ -320,7 +339,7 @@ class LocalBackend:
             for path in (directory / "nodes").glob("*.json"):
                 node = _read_json(path)
                 if node:
-                    reserved |= {node["agent_port"], node["metrics_port"]}
+                    reserved |= {node[key] for key in NODE_PORTS if key in node}
         return reserved
 
 

@@ -13,6 +13,7 @@ from raypod.controlplane import execute, plan, status, store
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 60.0
+CHANGING_INTERVAL_S = 0.25
 
 
 class Reconciler:
@@ -51,27 +52,32 @@ class Reconciler:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.clear()
+            is_settled = True
             try:
-                self.reconcile_all()
+                is_settled = self.reconcile_all()
             except Exception:
                 log.exception("reconcile pass failed")
-            self._wake.wait(self.interval_s)
+            # While nodes start or stop, look again soon: a node that just came up unblocks the next step.
+            self._wake.wait(self.interval_s if is_settled else min(self.interval_s, CHANGING_INTERVAL_S))
 
-    def reconcile_all(self) -> None:
+    def reconcile_all(self) -> bool:
+        """Reconcile every cluster once; return whether all of them are settled (ready, nothing to do)."""
+        is_settled = True
         for view in self.store.list():
             if self._stop.is_set():
-                return
+                break
             backoff = self._failures.get(view.uid)
             if backoff and time.monotonic() < backoff[1]:
                 continue
             try:
-                self.reconcile(view)
+                is_settled = self.reconcile(view) and is_settled
             except Exception:
                 log.exception("reconciling %s/%s failed", view.spec.namespace, view.spec.name)
                 self._back_off(view.uid)
+        return is_settled
 
-    def reconcile(self, view: state.ClusterView) -> None:
-        """One pass for one cluster."""
+    def reconcile(self, view: state.ClusterView) -> bool:
+        """One pass for one cluster; return whether it is settled."""
         observed = self.backend.observe(view.uid)
         planned = plan.plan(
             view.spec,
@@ -89,7 +95,7 @@ class Reconciler:
         if any(isinstance(o.action, actions.ReleaseCluster) and o.error is None for o in outcomes):
             self.store.remove(view.uid)
             self._failures.pop(view.uid, None)
-            return
+            return True
         if any(o.error is not None for o in outcomes):
             self._back_off(view.uid)
         else:
@@ -106,6 +112,7 @@ class Reconciler:
         self._record_transitions(view, view.status, derived)
         if derived != view.status:
             self.store.save_status(view.uid, derived)
+        return not planned and derived.phase is state.ClusterPhase.READY
 
     def _record_transitions(
         self, view: state.ClusterView, before: state.ClusterStatus, after: state.ClusterStatus
