@@ -99,3 +99,23 @@ def test_with_replicas_validates_bounds_and_group() -> None:
 def test_fixed_size_group_follows_its_replicas_when_scaled() -> None:
     scaled = make().with_replicas("cpu", 5)
     assert scaled.group("cpu").effective_max_replicas == 5
+
+
+def test_fault_tolerance_reaches_only_the_head_environment() -> None:
+    spec = make(gcs_fault_tolerance={"redis_address": "127.0.0.1:6379"}, env={"A": "1"})
+    head, worker, _ = spec.desired_nodes()
+    assert head.env == {
+        "A": "1",
+        "RAY_REDIS_ADDRESS": "127.0.0.1:6379",
+        "RAY_external_storage_namespace": "default-demo",
+    }
+    assert worker.env == {"A": "1"}
+
+
+def test_the_documented_example_spec_is_valid() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "cluster-spec.md").read_text()
+    example = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    spec = spec_mod.load_spec(example)
+    assert spec.group("cpu").labels == {"team": "search"}

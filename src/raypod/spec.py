@@ -267,7 +267,14 @@ class ClusterSpec(_Strict):
 
     def desired_nodes(self) -> list[NodeSpec]:
         """Return every node this spec asks for, head first, with deterministic names."""
-        nodes = [NodeSpec.from_group(HEAD_GROUP, "head", self.head, self.env, is_head=True)]
+        head_env = dict(self.env)
+        if self.gcs_fault_tolerance is not None:
+            # The variables KubeRay sets on the head for gcsFaultToleranceOptions.
+            head_env["RAY_REDIS_ADDRESS"] = self.gcs_fault_tolerance.redis_address
+            head_env["RAY_external_storage_namespace"] = (
+                self.gcs_fault_tolerance.external_storage_namespace or f"{self.namespace}-{self.name}"
+            )
+        nodes = [NodeSpec.from_group(HEAD_GROUP, "head", self.head, head_env, is_head=True)]
         for group in self.worker_groups:
             nodes.extend(
                 NodeSpec.from_group(group.name, node_name(group.name, index), group, self.env, is_head=False)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install raypod into .venv, start it with a 1 head + 2 worker local cluster, run a small Ray job on it
+# through Ray's own job API, and print where to look. Stop everything with: .venv/bin/raypod down
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e .
+export PATH="$PWD/.venv/bin:$PATH"
+
+raypod up --workers 2
+dashboard=$(raypod cluster get local -o json | python -c 'import json,sys; print(json.load(sys.stdin)["status"]["endpoints"]["dashboard"])')
+echo
+echo "Submitting examples/hello_ray.py to the cluster with plain 'ray job submit'..."
+ray job submit --address "$dashboard" --working-dir examples -- python hello_ray.py
+echo
+raypod cluster list
+echo
+echo "Where to look:"
+echo "  Ray dashboard:   $dashboard"
+echo "  cluster events:  .venv/bin/raypod cluster events local"
+echo "  scale it:        .venv/bin/raypod cluster scale local 3"
+echo "  stop it all:     .venv/bin/raypod down"
