@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,8 +16,21 @@ def default_home() -> Path:
     return Path(os.environ.get("RAYPOD_HOME") or Path.home() / ".raypod")
 
 
+def credentials_path() -> Path:
+    return default_home() / "credentials"
+
+
+def read_credentials() -> dict[str, str]:
+    """The credentials file written on the server's first start (or by the user); missing means empty."""
+    try:
+        data = json.loads(credentials_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: str(v) for k, v in data.items() if v} if isinstance(data, dict) else {}
+
+
 def default_server_url() -> str:
-    return os.environ.get("RAYPOD_SERVER") or f"http://127.0.0.1:{DEFAULT_PORT}"
+    return os.environ.get("RAYPOD_SERVER") or read_credentials().get("server") or f"https://127.0.0.1:{DEFAULT_PORT}"
 
 
 def _float_env(name: str, default: float) -> float:
@@ -42,6 +56,9 @@ class Settings:
     drain_timeout_s: float = 30.0
     node_start_timeout_s: float = 180.0
     fast_health_checks: bool = True
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls: bool = True
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -55,6 +72,11 @@ class Settings:
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
+
+    @property
+    def public_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     @property
     def resolved_database_url(self) -> str:

@@ -5,6 +5,8 @@ the same class from a response and SDK users catch ``raypod.errors.NotFound`` wh
 
     RaypodError                      500 internal
     ├── InvalidSpec                  422 invalid_spec
+    ├── Unauthenticated              401 unauthenticated
+    ├── Forbidden                    403 forbidden
     ├── NotFound                     404 not_found
     ├── AlreadyExists                409 already_exists
     ├── Conflict                     409 conflict
@@ -38,6 +40,16 @@ class RaypodError(Exception):
 class InvalidSpec(RaypodError):
     code = "invalid_spec"
     http_status = 422
+
+
+class Unauthenticated(RaypodError):
+    code = "unauthenticated"
+    http_status = 401
+
+
+class Forbidden(RaypodError):
+    code = "forbidden"
+    http_status = 403
 
 
 class NotFound(RaypodError):

@@ -28,7 +28,8 @@ def backend() -> FakeBackend:
 
 @pytest.fixture
 def server(tmp_path: Path, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    settings = config.Settings(home=tmp_path, reconcile_interval_s=0.05)
+    settings = config.Settings(home=tmp_path, reconcile_interval_s=0.05, tls=False)
+    monkeypatch.setenv("RAYPOD_HOME", str(tmp_path))
     with TestClient(create_app(settings, backend=backend)) as http:
         monkeypatch.setattr(cluster, "client", lambda: Client("http://testserver", http=http))
         yield http

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from alembic.script import ScriptDirectory
 
 from raypod import errors, state
 from raypod import spec as spec_mod
@@ -14,7 +15,10 @@ def test_store_migrates_a_new_sqlite_file_in_wal_mode(tmp_path: Path) -> None:
     db = store.Store(f"sqlite:///{tmp_path / 'nested' / 'raypod.db'}")
     with db.engine.connect() as connection:
         assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
-        assert connection.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == "0001"
+        head = ScriptDirectory(str(store.MIGRATIONS)).get_current_head()
+        assert connection.exec_driver_sql("SELECT version_num FROM alembic_version").scalar() == head
+        tables = set(sa.inspect(connection).get_table_names())
+        assert {"clusters", "events", "users", "tokens", "sessions", "namespaces"} <= tables
     db.close()
     store.Store(f"sqlite:///{tmp_path / 'nested' / 'raypod.db'}").close()  # reopening is a no-op migration
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,8 +35,10 @@ def backend() -> FakeBackend:
 
 @pytest.fixture
 def api(tmp_path: Path, backend: FakeBackend) -> Iterator[TestClient]:
-    settings = config.Settings(home=tmp_path, reconcile_interval_s=0.05)
+    settings = config.Settings(home=tmp_path, reconcile_interval_s=0.05, tls=False)
     with TestClient(create_app(settings, backend=backend), raise_server_exceptions=False) as client:
+        token = json.loads((tmp_path / "credentials").read_text())["token"]
+        client.headers["Authorization"] = f"Bearer {token}"
         yield client
 
 

@@ -19,9 +19,9 @@ def pid_file(home: Path) -> Path:
     return home / "server.pid"
 
 
-def is_healthy(server: str) -> bool:
+def is_healthy(server: str, verify: str | bool = True) -> bool:
     try:
-        return httpx.get(f"{server.rstrip('/')}/healthz", timeout=1.0).status_code == 200
+        return httpx.get(f"{server.rstrip('/')}/healthz", timeout=1.0, verify=verify).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -45,10 +45,11 @@ def start(home: Path, host: str, port: int, timeout: float = 30.0) -> Path:
             start_new_session=True,
         )
     pid_file(home).write_text(str(process.pid))
-    url = f"http://{host}:{port}"
+    url = f"https://{host}:{port}"
+    ca_file = home / "tls" / "server.crt"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if is_healthy(url):
+        if ca_file.exists() and is_healthy(url, str(ca_file)):
             return log_path
         if process.poll() is not None:
             break

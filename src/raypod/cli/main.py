@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
 
 from raypod import config, errors, state
-from raypod.cli import cluster, daemon, output
-from raypod.client import Client
+from raypod.cli import cluster, daemon, identities, output
+from raypod.client import Client, connection_settings
 
 
 class _Group(TyperGroup):
@@ -32,6 +33,10 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(cluster.app, name="cluster")
+app.add_typer(identities.token_app, name="token")
+app.add_typer(identities.user_app, name="user")
+app.add_typer(identities.team_app, name="team")
+app.add_typer(identities.namespace_app, name="namespace")
 
 
 @app.callback()
@@ -46,14 +51,30 @@ def _root(
 def server(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = config.DEFAULT_PORT,
+    tls_cert: Annotated[Path | None, typer.Option(help="PEM certificate (default: self-signed, made once).")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert.")] = None,
+    insecure_http: Annotated[bool, typer.Option(help="Serve plain HTTP (only behind a TLS proxy).")] = False,
 ) -> None:
-    """Run the control plane (API + reconcile loop) in the foreground."""
+    """Run the control plane (API, gateway, reconcile loop) in the foreground."""
     import uvicorn
 
+    from raypod.server import tls
     from raypod.server.app import create_app
 
-    settings = config.Settings.from_env(host=host, port=port)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+    if (tls_cert is None) != (tls_key is None):
+        raise errors.InvalidSpec("pass both --tls-cert and --tls-key, or neither for a self-signed certificate")
+    home = config.default_home()
+    if not insecure_http and tls_cert is None:
+        tls_cert, tls_key = tls.self_signed(home)
+    settings = config.Settings.from_env(host=host, port=port, tls=not insecure_http, tls_cert=tls_cert, tls_key=tls_key)
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level="info",
+        ssl_certfile=str(tls_cert) if settings.tls else None,
+        ssl_keyfile=str(tls_key) if settings.tls else None,
+    )
 
 
 @app.command()
@@ -67,8 +88,8 @@ def up(
 ) -> None:
     """Start the raypod server in the background and a default local cluster; print where to look."""
     home = config.default_home()
-    url = config.default_server_url() if os.environ.get("RAYPOD_SERVER") else f"http://127.0.0.1:{port}"
-    if not daemon.is_healthy(url):
+    url = config.default_server_url() if os.environ.get("RAYPOD_SERVER") else f"https://127.0.0.1:{port}"
+    if not daemon.is_healthy(url, connection_settings(url).verify):
         log = daemon.start(home, "127.0.0.1", port)
         output.console.print(f"raypod server started at {url} (log: {log})")
     else:
@@ -114,7 +135,7 @@ def down(
     """Delete every cluster (unless --keep-clusters) and stop the background server."""
     home = config.default_home()
     url = config.default_server_url()
-    if not keep_clusters and daemon.is_healthy(url):
+    if not keep_clusters and daemon.is_healthy(url, connection_settings(url).verify):
         api = Client(url)
         views = api.clusters.list()
         for view in views:

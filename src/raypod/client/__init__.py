@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import builtins
+import dataclasses
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -92,16 +94,46 @@ class Clusters:
         raise errors.TransientError(f"cluster '{name}' still being deleted after {timeout:.0f} s")
 
 
+@dataclasses.dataclass(frozen=True)
+class ConnectionSettings:
+    server: str
+    token: str | None
+    verify: str | bool
+
+
+def connection_settings(server: str | None = None, token: str | None = None) -> ConnectionSettings:
+    """Where the server is and how to talk to it: arguments, then RAYPOD_SERVER / RAYPOD_TOKEN /
+    RAYPOD_CA_FILE, then the credentials file in RAYPOD_HOME."""
+    stored = config.read_credentials()
+    ca_file = os.environ.get("RAYPOD_CA_FILE") or stored.get("ca_file")
+    return ConnectionSettings(
+        server=server or config.default_server_url(),
+        token=token or os.environ.get("RAYPOD_TOKEN") or stored.get("token"),
+        verify=ca_file if ca_file and os.path.exists(ca_file) else True,
+    )
+
+
 class Client:
     """Entry point of the SDK: ``raypod.Client().clusters.create(spec)``.
 
     The server comes from ``server``, else ``RAYPOD_SERVER``, else the local default.
     """
 
-    def __init__(self, server: str | None = None, timeout: float = 30.0, http: httpx.Client | None = None) -> None:
-        self._transport = Transport(server or config.default_server_url(), timeout, http)
+    def __init__(
+        self,
+        server: str | None = None,
+        timeout: float = 30.0,
+        http: httpx.Client | None = None,
+        token: str | None = None,
+    ) -> None:
+        settings = connection_settings(server, token)
+        self._transport = Transport(settings.server, timeout, http, settings.token, settings.verify)
         self.server = self._transport.server
         self.clusters = Clusters(self._transport)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Call any API route with this client's credentials; errors raise raypod.errors classes."""
+        return self._transport.request(method, path, **kwargs)
 
     def health(self) -> dict[str, Any]:
         result: dict[str, Any] = self._transport.request("GET", "/healthz")
@@ -125,4 +157,4 @@ def _path(namespace: str, name: str, verb: str | None = None) -> str:
     return f"{path}/{verb}" if verb else path
 
 
-__all__ = ["Client", "Clusters"]
+__all__ = ["Client", "Clusters", "ConnectionSettings", "connection_settings"]

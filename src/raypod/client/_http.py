@@ -10,13 +10,32 @@ from raypod import errors
 
 
 class Transport:
-    def __init__(self, server: str, timeout: float, http: httpx.Client | None = None) -> None:
+    def __init__(
+        self,
+        server: str,
+        timeout: float,
+        http: httpx.Client | None = None,
+        token: str | None = None,
+        verify: str | bool = True,
+    ) -> None:
         self.server = server.rstrip("/")
-        self._http = http or httpx.Client(base_url=self.server, timeout=timeout)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = http or httpx.Client(base_url=self.server, timeout=timeout, verify=verify)
+        self._http.headers.update(headers)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
             response = self._http.request(method, path, **kwargs)
+        except httpx.ConnectError as exc:
+            if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+                raise errors.ServerUnreachable(
+                    f"the TLS certificate of {self.server} is not trusted; set RAYPOD_CA_FILE to its CA file "
+                    "(the server's own is $RAYPOD_HOME/tls/server.crt)"
+                ) from None
+            raise errors.ServerUnreachable(
+                f"cannot reach the raypod server at {self.server} ({type(exc).__name__}); "
+                "start it with 'raypod up' or set RAYPOD_SERVER"
+            ) from None
         except httpx.TransportError as exc:
             raise errors.ServerUnreachable(
                 f"cannot reach the raypod server at {self.server} ({type(exc).__name__}); "

@@ -9,21 +9,40 @@ from collections.abc import Callable
 from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.backends import base
-from raypod.controlplane import capacity, store
+from raypod.controlplane import capacity, identity, store
+
+Principal = identity.Principal
+Verb = identity.Verb
 
 
 class ClusterService:
-    def __init__(self, db: store.Store, backend: base.Backend, wake: Callable[[], None] = lambda: None) -> None:
+    """Every verb takes the caller: authorization happens here, once, for the API and the gateway alike."""
+
+    def __init__(
+        self,
+        db: store.Store,
+        backend: base.Backend,
+        identities: identity.IdentityService,
+        wake: Callable[[], None] = lambda: None,
+    ) -> None:
         self.store = db
         self.backend = backend
+        self.identities = identities
         self.wake = wake
 
-    def create(self, spec: spec_mod.ClusterSpec) -> state.ClusterView:
-        """Admit a cluster; nothing starts unless every check passes.
+    def authorize(self, caller: Principal, verb: identity.Verb, namespace: str, owner: str | None = None) -> None:
+        identity.authorize(caller, verb, namespace, self.identities.namespace_team(namespace), owner)
+
+    def create(self, caller: Principal, spec: spec_mod.ClusterSpec) -> state.ClusterView:
+        """Admit a cluster owned by the caller (admins may name another owner); nothing starts unless every
+        check passes.
 
         Raises:
-            InvalidSpec, InsufficientCapacity, AlreadyExists.
+            Forbidden, InvalidSpec, InsufficientCapacity, AlreadyExists.
         """
+        self.authorize(caller, Verb.CREATE, spec.namespace)
+        if spec.owner is None or not caller.is_admin:
+            spec = spec.model_copy(update={"owner": caller.user})
         capacity.check_features(spec, self.backend.features)
         others = [
             view.spec
@@ -36,20 +55,30 @@ class ClusterService:
         self.wake()
         return view
 
-    def get(self, namespace: str, name: str) -> state.ClusterView:
-        return self.store.get(namespace, name)
+    def get(self, caller: Principal, namespace: str, name: str, verb: Verb = Verb.VIEW) -> state.ClusterView:
+        """Raises Forbidden before NotFound, so names in other teams' namespaces do not leak."""
+        self.authorize(caller, Verb.VIEW, namespace)
+        view = self.store.get(namespace, name)
+        if verb is not Verb.VIEW:
+            self.authorize(caller, verb, namespace, view.spec.owner)
+        return view
 
-    def list(self, namespace: str | None = None) -> list[state.ClusterView]:
-        return self.store.list(namespace)
+    def list(self, caller: Principal, namespace: str | None = None) -> list[state.ClusterView]:
+        """Clusters in the namespaces the caller may view."""
+        views = self.store.list(namespace)
+        if caller.is_admin:
+            return views
+        teams = {ns.name: ns.team for ns in self.identities.list_namespaces()}
+        return [v for v in views if teams.get(v.spec.namespace) in caller.teams]
 
-    def scale(self, namespace: str, name: str, group: str, replicas: int) -> state.ClusterView:
+    def scale(self, caller: Principal, namespace: str, name: str, group: str, replicas: int) -> state.ClusterView:
         """Set one worker group's replicas; running nodes removed by a scale-down are drained first.
 
         Raises:
             NotFound: unknown cluster or group. InvalidSpec: replicas out of bounds.
             Conflict: the cluster is being deleted. InsufficientCapacity.
         """
-        view = self.store.get(namespace, name)
+        view = self.get(caller, namespace, name, Verb.OPERATE)
         if view.deleting:
             raise errors.Conflict(f"cluster '{name}' is being deleted; it cannot be scaled")
         before = view.spec.group(group).replicas
@@ -62,25 +91,26 @@ class ClusterService:
         self.wake()
         return self.store.get(namespace, name)
 
-    def delete(self, namespace: str, name: str) -> state.ClusterView:
+    def delete(self, caller: Principal, namespace: str, name: str) -> state.ClusterView:
         """Ask the loop to stop every node of the cluster and forget it. Deleting twice is harmless.
 
         Raises:
-            NotFound.
+            NotFound, Forbidden.
         """
-        view = self.store.get(namespace, name)
+        view = self.get(caller, namespace, name, Verb.OPERATE)
         if not view.deleting:
             self.store.mark_deleting(view.uid)
             self._event(view, state.EventType.NORMAL, "DeletionRequested", "stopping all nodes")
         self.wake()
         return self.store.get(namespace, name)
 
-    def events(self, namespace: str, name: str, limit: int = 200) -> builtins.list[state.Event]:
+    def events(self, caller: Principal, namespace: str, name: str, limit: int = 200) -> builtins.list[state.Event]:
         """Events of a cluster, also after it was deleted.
 
         Raises:
-            NotFound: no cluster of that name exists or ever existed.
+            NotFound: no cluster of that name exists or ever existed. Forbidden.
         """
+        self.authorize(caller, Verb.VIEW, namespace)
         found = self.store.events(namespace, name, limit)
         if not found:
             self.store.get(namespace, name)

@@ -169,7 +169,7 @@ class Store:
             rows = list(connection.execute(query))
         return [
             state.Event(
-                time=_aware(row.time),
+                time=aware(row.time),
                 namespace=row.namespace,
                 cluster=row.cluster,
                 type=row.type,
@@ -188,12 +188,12 @@ def _view(row: sa.Row[tuple[object, ...]]) -> state.ClusterView:
         spec=spec_mod.ClusterSpec.model_validate(json.loads(mapping["spec"])),
         status=state.ClusterStatus.model_validate_json(mapping["status"]),
         generation=mapping["generation"],
-        created_at=_aware(mapping["created_at"]),
+        created_at=aware(mapping["created_at"]),
         deleting=bool(mapping["deleting"]),
     )
 
 
-def _aware(value: datetime) -> datetime:
+def aware(value: datetime) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -10,9 +11,14 @@ from fastapi import FastAPI
 import raypod
 from raypod import backends, config
 from raypod.backends import base
-from raypod.controlplane import loop, plan, service, store
+from raypod.controlplane import identity, loop, plan, service, store
+from raypod.server import auth
 from raypod.server import errors as server_errors
-from raypod.server.routes import clusters
+from raypod.server.routes import clusters, identities
+
+log = logging.getLogger(__name__)
+
+PUBLIC_ROUTES = frozenset({"/healthz", "/login", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 
 
 def create_app(settings: config.Settings, backend: base.Backend | None = None) -> FastAPI:
@@ -30,7 +36,13 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
                 drain_timeout_s=settings.drain_timeout_s, node_start_timeout_s=settings.node_start_timeout_s
             ),
         )
-        app.state.clusters = service.ClusterService(db, chosen, wake=reconciler.wake)
+        ids = identity.IdentityService(db)
+        ca_file = settings.tls_cert if settings.tls else None
+        if ids.bootstrap(settings.home / "credentials", settings.public_url, ca_file):
+            log.info("first start: admin credentials written to %s (mode 0600)", settings.home / "credentials")
+        app.state.identities = ids
+        app.state.token_cache = auth.TokenCache()
+        app.state.clusters = service.ClusterService(db, chosen, ids, wake=reconciler.wake)
         app.state.reconciler = reconciler
         reconciler.start()
         try:
@@ -48,6 +60,8 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
     )
     server_errors.install(app)
     app.include_router(clusters.router)
+    app.include_router(identities.router)
+    app.include_router(identities.login_router)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

@@ -11,6 +11,7 @@ from raypod import spec as spec_mod
 from raypod import state
 from raypod.backends.kuberay import manifests
 from raypod.controlplane import service
+from raypod.server.auth import Caller
 
 router = APIRouter(prefix="/api/v1", tags=["clusters"])
 
@@ -33,38 +34,44 @@ Service = Annotated[service.ClusterService, Depends(cluster_service)]
 
 
 @router.get("/clusters")
-def list_clusters(svc: Service, namespace: NamespaceQuery = None) -> list[state.ClusterView]:
-    return svc.list(namespace)
+def list_clusters(caller: Caller, svc: Service, namespace: NamespaceQuery = None) -> list[state.ClusterView]:
+    return svc.list(caller, namespace)
 
 
 @router.post("/clusters", status_code=202)
-def create_cluster(spec: spec_mod.ClusterSpec, svc: Service) -> state.ClusterView:
-    return svc.create(spec)
+def create_cluster(caller: Caller, spec: spec_mod.ClusterSpec, svc: Service) -> state.ClusterView:
+    return svc.create(caller, spec)
 
 
 @router.get("/namespaces/{namespace}/clusters/{name}")
-def get_cluster(namespace: NamePath, name: NamePath, svc: Service) -> state.ClusterView:
-    return svc.get(namespace, name)
+def get_cluster(caller: Caller, namespace: NamePath, name: NamePath, svc: Service) -> state.ClusterView:
+    return svc.get(caller, namespace, name)
 
 
 @router.post("/namespaces/{namespace}/clusters/{name}/scale", status_code=202)
-def scale_cluster(namespace: NamePath, name: NamePath, req: ScaleRequest, svc: Service) -> state.ClusterView:
-    return svc.scale(namespace, name, req.group, req.replicas)
+def scale_cluster(
+    caller: Caller, namespace: NamePath, name: NamePath, req: ScaleRequest, svc: Service
+) -> state.ClusterView:
+    return svc.scale(caller, namespace, name, req.group, req.replicas)
 
 
 @router.delete("/namespaces/{namespace}/clusters/{name}", status_code=202)
-def delete_cluster(namespace: NamePath, name: NamePath, svc: Service) -> state.ClusterView:
-    return svc.delete(namespace, name)
+def delete_cluster(caller: Caller, namespace: NamePath, name: NamePath, svc: Service) -> state.ClusterView:
+    return svc.delete(caller, namespace, name)
 
 
 @router.get("/namespaces/{namespace}/clusters/{name}/events")
 def cluster_events(
-    namespace: NamePath, name: NamePath, svc: Service, limit: Annotated[int, Query(ge=1, le=1000)] = 200
+    caller: Caller,
+    namespace: NamePath,
+    name: NamePath,
+    svc: Service,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> list[state.Event]:
-    return svc.events(namespace, name, limit)
+    return svc.events(caller, namespace, name, limit)
 
 
 @router.get("/namespaces/{namespace}/clusters/{name}/manifest")
-def cluster_manifest(namespace: NamePath, name: NamePath, svc: Service) -> dict[str, Any]:
+def cluster_manifest(caller: Caller, namespace: NamePath, name: NamePath, svc: Service) -> dict[str, Any]:
     """The KubeRay RayCluster that would run this cluster on Kubernetes."""
-    return manifests.raycluster(svc.get(namespace, name).spec)
+    return manifests.raycluster(svc.get(caller, namespace, name).spec)

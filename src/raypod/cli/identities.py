@@ -1,0 +1,96 @@
+"""``raypod token|user|team|namespace ...``: identities. A new token is printed once and never again."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from raypod.cli import output
+from raypod.cli.cluster import client
+from raypod.cli.output import Format
+
+token_app = typer.Typer(help="Create, list and revoke API tokens.", no_args_is_help=True)
+user_app = typer.Typer(help="Manage users (admins).", no_args_is_help=True)
+team_app = typer.Typer(help="Manage teams and their members.", no_args_is_help=True)
+namespace_app = typer.Typer(help="Manage namespaces (a team owns each).", no_args_is_help=True)
+
+OutputOpt = Annotated[Format, typer.Option("--output", "-o", help="table, json or yaml.")]
+
+
+def _request(method: str, path: str, **kwargs: Any) -> Any:
+    return client().request(method, path, **kwargs)
+
+
+def _emit(data: Any, fmt: Format) -> None:
+    output.emit_data(data, Format.JSON if fmt is Format.TABLE else fmt)
+
+
+@token_app.command("create")
+def token_create(
+    name: Annotated[str, typer.Option(help="A label for the token.")] = "cli",
+    expires_in_days: Annotated[float | None, typer.Option(help="Lifetime in days (0: never expires).")] = 30,
+    user: Annotated[str | None, typer.Option(help="Admins: create the token for this user.")] = None,
+    fmt: OutputOpt = Format.TABLE,
+) -> None:
+    """Create a token; the secret is shown this once."""
+    ttl = int(expires_in_days * 86400) if expires_in_days else None
+    created = _request("POST", "/api/v1/tokens", json={"name": name, "ttl_seconds": ttl, "user": user})
+    if fmt is not Format.TABLE:
+        _emit(created, fmt)
+        return
+    output.console.print(f"token {created['id']} for {created['user']} (expires: {created['expires_at'] or 'never'})")
+    output.console.print("Store it now, it is not shown again:")
+    print(created["token"])
+
+
+@token_app.command("list")
+def token_list(fmt: OutputOpt = Format.TABLE) -> None:
+    _emit(_request("GET", "/api/v1/tokens"), fmt)
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: str) -> None:
+    revoked = _request("DELETE", f"/api/v1/tokens/{token_id}")
+    output.console.print(f"token {revoked['id']} revoked")
+
+
+@user_app.command("create")
+def user_create(
+    name: str,
+    team: Annotated[str | None, typer.Option(help="Add to this team.")] = None,
+    role: Annotated[str, typer.Option(help="member or admin (of the team).")] = "member",
+    admin: Annotated[bool, typer.Option("--admin", help="A raypod administrator.")] = False,
+    fmt: OutputOpt = Format.TABLE,
+) -> None:
+    _emit(_request("POST", "/api/v1/users", json={"name": name, "team": team, "role": role, "is_admin": admin}), fmt)
+
+
+@user_app.command("list")
+def user_list(fmt: OutputOpt = Format.TABLE) -> None:
+    _emit(_request("GET", "/api/v1/users"), fmt)
+
+
+@team_app.command("create")
+def team_create(name: str) -> None:
+    _request("POST", "/api/v1/teams", json={"name": name})
+    output.console.print(f"team {name} created")
+
+
+@team_app.command("add-member")
+def team_add_member(
+    team: str, user: str, role: Annotated[str, typer.Option(help="member or admin")] = "member"
+) -> None:
+    _request("POST", f"/api/v1/teams/{team}/members", json={"user": user, "role": role})
+    output.console.print(f"{user} is now {role} of team {team}")
+
+
+@namespace_app.command("create")
+def namespace_create(name: str, team: Annotated[str, typer.Option(help="Team that owns it.")]) -> None:
+    _request("POST", "/api/v1/namespaces", json={"name": name, "team": team})
+    output.console.print(f"namespace {name} created for team {team}")
+
+
+@namespace_app.command("list")
+def namespace_list(fmt: OutputOpt = Format.TABLE) -> None:
+    _emit(_request("GET", "/api/v1/namespaces"), fmt)

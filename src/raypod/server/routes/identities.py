@@ -1,0 +1,170 @@
+"""Users, teams, namespaces, tokens and browser login. Managing identities is for admins; anyone manages
+their own tokens."""
+
+from __future__ import annotations
+
+import html
+from datetime import timedelta
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Form, Request, Response
+from fastapi.responses import HTMLResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from raypod import errors
+from raypod.controlplane import identity
+from raypod.server.auth import CSRF_HEADER, SESSION_COOKIE, Caller, identities
+
+router = APIRouter(prefix="/api/v1", tags=["identities"])
+login_router = APIRouter(tags=["login"])
+
+Identities = Annotated[identity.IdentityService, Depends(identities)]
+Name = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NewUser(_Body):
+    name: str = Name
+    is_admin: bool = False
+    team: str | None = Field(None, max_length=63)
+    role: identity.Role = identity.Role.MEMBER
+
+
+class NewTeam(_Body):
+    name: str = Name
+
+
+class NewMember(_Body):
+    user: str = Name
+    role: identity.Role = identity.Role.MEMBER
+
+
+class NewNamespace(_Body):
+    name: str = Name
+    team: str = Name
+
+
+class NewToken(_Body):
+    name: str = Field("cli", min_length=1, max_length=63)
+    ttl_seconds: int | None = Field(30 * 86400, ge=1, le=366 * 86400, description="null: never expires")
+    user: str | None = Field(None, max_length=63, description="Admins may create tokens for others.")
+
+
+def _require_admin(caller: identity.Principal, what: str) -> None:
+    if not caller.is_admin:
+        raise errors.Forbidden(f"only admins may {what}")
+
+
+@router.get("/whoami")
+def whoami(caller: Caller, ids: Identities) -> identity.UserInfo:
+    return ids.user(caller.user)
+
+
+@router.get("/users")
+def list_users(caller: Caller, ids: Identities) -> list[identity.UserInfo]:
+    _require_admin(caller, "list users")
+    return ids.list_users()
+
+
+@router.post("/users", status_code=201)
+def create_user(caller: Caller, body: NewUser, ids: Identities) -> identity.UserInfo:
+    _require_admin(caller, "create users")
+    ids.create_user(body.name, body.is_admin)
+    if body.team:
+        ids.add_member(body.team, body.name, body.role)
+    return ids.user(body.name)
+
+
+@router.post("/teams", status_code=201)
+def create_team(caller: Caller, body: NewTeam, ids: Identities) -> NewTeam:
+    _require_admin(caller, "create teams")
+    ids.create_team(body.name)
+    return body
+
+
+@router.post("/teams/{team}/members", status_code=201)
+def add_member(caller: Caller, team: str, body: NewMember, ids: Identities) -> identity.UserInfo:
+    if not caller.is_admin and caller.teams.get(team) is not identity.Role.ADMIN:
+        raise errors.Forbidden(f"only admins or admins of team '{team}' may add members")
+    ids.add_member(team, body.user, body.role)
+    return ids.user(body.user)
+
+
+@router.get("/namespaces")
+def list_namespaces(caller: Caller, ids: Identities) -> list[identity.NamespaceInfo]:
+    found = ids.list_namespaces()
+    return found if caller.is_admin else [ns for ns in found if ns.team in caller.teams]
+
+
+@router.post("/namespaces", status_code=201)
+def create_namespace(caller: Caller, body: NewNamespace, ids: Identities) -> identity.NamespaceInfo:
+    _require_admin(caller, "create namespaces")
+    return ids.create_namespace(body.name, body.team)
+
+
+@router.post("/tokens", status_code=201)
+def create_token(caller: Caller, body: NewToken, ids: Identities) -> identity.CreatedToken:
+    user = body.user or caller.user
+    if user != caller.user:
+        _require_admin(caller, "create tokens for other users")
+    ttl = timedelta(seconds=body.ttl_seconds) if body.ttl_seconds else None
+    return ids.create_token(user, body.name, ttl)
+
+
+@router.get("/tokens")
+def list_tokens(caller: Caller, ids: Identities) -> list[identity.TokenInfo]:
+    return ids.list_tokens(None if caller.is_admin else caller.user)
+
+
+@router.delete("/tokens/{token_id}")
+def revoke_token(caller: Caller, token_id: str, request: Request, ids: Identities) -> identity.TokenInfo:
+    found = ids.token(token_id[:16])
+    if found.user != caller.user:
+        _require_admin(caller, "revoke other users' tokens")
+    revoked = ids.revoke_token(found.id)
+    request.app.state.token_cache.clear()
+    return revoked
+
+
+_LOGIN_PAGE = """<!doctype html><html><head><title>raypod: log in</title></head><body>
+<h1>raypod</h1><form method="post" action="/login">
+<label>API token <input type="password" name="token" autocomplete="off" required></label>
+<button type="submit">Log in</button></form>{message}</body></html>"""
+
+
+@login_router.get("/login", response_class=HTMLResponse, include_in_schema=False)
+def login_page() -> str:
+    return _LOGIN_PAGE.format(message="")
+
+
+class LoginResult(BaseModel):
+    user: str
+    csrf_token: str = Field(description=f"Send it as the {CSRF_HEADER} header on unsafe requests.")
+
+
+@login_router.post("/login")
+def login(request: Request, response: Response, ids: Identities, token: Annotated[str, Form()]) -> LoginResult:
+    """Exchange an API token for a browser session (HttpOnly, Secure, SameSite=Strict cookie)."""
+    principal = ids.authenticate_token(token.strip())
+    session_id, csrf = ids.create_session(principal)
+    response.set_cookie(
+        SESSION_COOKIE,
+        session_id,
+        httponly=True,
+        secure=request.url.scheme == "https",
+        samesite="strict",
+        max_age=int(identity.SESSION_TTL.total_seconds()),
+    )
+    return LoginResult(user=principal.user, csrf_token=html.escape(csrf))
+
+
+@login_router.post("/logout")
+def logout(request: Request, response: Response, ids: Identities, caller: Caller) -> dict[str, str]:
+    session_id = request.cookies.get(SESSION_COOKIE)
+    if session_id:
+        ids.end_session(session_id)
+    response.delete_cookie(SESSION_COOKIE)
+    return {"user": caller.user, "status": "logged out"}
