@@ -80,6 +80,9 @@ class FakeBackend:
             self.calls.append(("release", cluster_id, ""))
             self.nodes.pop(cluster_id, None)
 
+    def dashboard_headers(self, cluster_id: str) -> dict[str, str]:
+        return {}
+
     def close(self) -> None:
         pass
 

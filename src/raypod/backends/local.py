@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -94,6 +95,9 @@ class LocalBackend:
             {base.Feature.DRAIN, base.Feature.GCS_FAULT_TOLERANCE} | ({base.Feature.GPUS} if gpus else set())
         )
         self._gpus = gpus
+        self._ray_token = _ray_auth_token(self.root)
+        # Ray reads its token from the environment once per process; this process talks to every cluster's GCS.
+        os.environ.update(ray_auth_environment(self._ray_token))
 
     def capacity(self) -> base.HostCapacity:
         return base.HostCapacity(
@@ -237,6 +241,9 @@ class LocalBackend:
             shutil.rmtree(cluster.temp_dir, ignore_errors=True)
         shutil.rmtree(self._cluster_dir(cluster_id), ignore_errors=True)
 
+    def dashboard_headers(self, cluster_id: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._ray_token}"}
+
     def close(self) -> None:
         self._gcs_clients.clear()
         self._reap_children()
@@ -284,6 +291,7 @@ class LocalBackend:
     def _environment(self, cluster_id: str, node: spec_mod.NodeSpec) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAYPOD_", "RAY_ADDRESS"))}
         env.update(node.env)
+        env.update(ray_auth_environment(self._ray_token))
         if self.fast_health_checks and node.is_head:
             env.update(FAST_HEALTH_CHECKS)
         env[CLUSTER_MARKER] = cluster_id
@@ -333,6 +341,8 @@ class LocalBackend:
     def _reserved_ports(self) -> set[int]:
         reserved: set[int] = set()
         for directory in self.root.iterdir() if self.root.exists() else []:
+            if not directory.is_dir():
+                continue
             cluster = _read_json(directory / "cluster.json")
             if cluster:
                 reserved |= {cluster["gcs_port"], cluster["dashboard_port"], cluster["client_port"]}
@@ -341,6 +351,29 @@ class LocalBackend:
                 if node:
                     reserved |= {node[key] for key in NODE_PORTS if key in node}
         return reserved
+
+
+def ray_auth_environment(token: str) -> dict[str, str]:
+    """Ray's token authentication: every Ray port (dashboard, GCS and raylet gRPC) rejects requests without it."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+
+
+def _ray_auth_token(root: Path) -> str:
+    """The Ray token of this raypod installation, made once and kept 0600 beside the node records.
+
+    One token for all local clusters: Ray's clients read the token per process, and this server observes every
+    cluster from one process. Clusters on one host run as one OS user, so per-cluster tokens would not isolate
+    them further; the gateway adds the token, users never handle it.
+    """
+    path = root / "ray-auth-token"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        token = secrets.token_hex(32)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(token)
+        return token
 
 
 def _observe_node(record: _NodeRecord, ray_nodes: dict[str, tuple[str, bool]]) -> state.ObservedNode:

@@ -6,13 +6,14 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import httpx
 from fastapi import FastAPI
 
 import raypod
 from raypod import backends, config
 from raypod.backends import base
 from raypod.controlplane import identity, loop, plan, service, store
-from raypod.server import auth
+from raypod.server import auth, gateway
 from raypod.server import errors as server_errors
 from raypod.server.routes import clusters, identities
 
@@ -43,11 +44,14 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         app.state.identities = ids
         app.state.token_cache = auth.TokenCache()
         app.state.clusters = service.ClusterService(db, chosen, ids, wake=reconciler.wake)
+        app.state.gateway_routes = gateway.RouteCache(app.state.clusters)
+        app.state.gateway_http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
         app.state.reconciler = reconciler
         reconciler.start()
         try:
             yield
         finally:
+            await app.state.gateway_http.aclose()
             reconciler.stop()
             chosen.close()
             db.close()
@@ -62,6 +66,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
     app.include_router(clusters.router)
     app.include_router(identities.router)
     app.include_router(identities.login_router)
+    app.include_router(gateway.router)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

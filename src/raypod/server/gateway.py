@@ -1,0 +1,208 @@
+"""The authenticated reverse proxy to each cluster's Ray dashboard: UI, REST, job API, package upload and the
+log-tailing websocket, at ``/clusters/<namespace>/<name>/``.
+
+Users authenticate to raypod; the gateway authenticates to Ray with the cluster's own token, which users never
+see. Reads need view rights; anything else (submitting or stopping jobs, uploading packages) needs the owner
+or a team admin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+
+import httpx
+import websockets
+from fastapi import APIRouter, Request, WebSocket
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+
+from raypod import errors
+from raypod import spec as spec_mod
+from raypod.controlplane import identity, service
+from raypod.server import auth
+
+router = APIRouter(tags=["gateway"])
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+    }
+)
+# Never forwarded upstream: raypod's own credentials stay with raypod.
+PRIVATE_REQUEST_HEADERS = HOP_BY_HOP | {"authorization", "cookie", auth.CSRF_HEADER}
+ROUTE_TTL_S = 2.0
+METHODS = ["GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE"]
+
+
+@dataclass(frozen=True)
+class Route:
+    dashboard: str
+    headers: dict[str, str]
+    owner: str | None
+    team: str | None
+
+
+class RouteCache:
+    """Where each cluster's dashboard is and who owns it, kept for a moment: proxied requests come in bursts."""
+
+    def __init__(self, clusters: service.ClusterService) -> None:
+        self.clusters = clusters
+        self._routes: dict[tuple[str, str], tuple[float, Route]] = {}
+
+    def cached(self, namespace: str, name: str) -> Route | None:
+        entry = self._routes.get((namespace, name))
+        return entry[1] if entry and time.monotonic() - entry[0] < ROUTE_TTL_S else None
+
+    def lookup(self, namespace: str, name: str) -> Route:
+        """Raises NotFound, Conflict (no dashboard yet)."""
+        cached = self.cached(namespace, name)
+        if cached is not None:
+            return cached
+        view = self.clusters.store.get(namespace, name)
+        dashboard = view.status.endpoints.get("dashboard")
+        if not dashboard or view.deleting:
+            raise errors.Conflict(f"cluster {namespace}/{name} has no running dashboard yet ({view.status.message})")
+        route = Route(
+            dashboard=dashboard,
+            headers=self.clusters.backend.dashboard_headers(view.uid),
+            owner=view.spec.owner,
+            team=self.clusters.identities.namespace_team(namespace),
+        )
+        self._routes[(namespace, name)] = (time.monotonic(), route)
+        return route
+
+
+def _check_names(namespace: str, name: str) -> None:
+    for value, what in ((namespace, "namespace"), (name, "cluster name")):
+        if len(value) > 63 or not spec_mod.DNS1123_LABEL.match(value):
+            raise errors.NotFound(f"{what} '{value[:80]}' is not a valid name")
+
+
+async def _resolve(
+    request_state: object, principal: identity.Principal, namespace: str, name: str, verb: identity.Verb
+) -> Route:
+    _check_names(namespace, name)
+    cache: RouteCache = request_state.gateway_routes  # type: ignore[attr-defined]
+    resolved = cache.cached(namespace, name)
+    if resolved is None:
+        resolved = await run_in_threadpool(cache.lookup, namespace, name)
+    identity.authorize(principal, identity.Verb.VIEW, namespace, resolved.team)
+    if verb is not identity.Verb.VIEW:
+        identity.authorize(principal, verb, namespace, resolved.team, resolved.owner)
+    return resolved
+
+
+async def _principal(request: Request) -> identity.Principal:
+    cache: auth.TokenCache = request.app.state.token_cache
+    header = request.headers.get("authorization")
+    if header and not request.cookies.get(auth.SESSION_COOKIE):
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            cached = cache.get(value.strip())
+            if cached is not None:
+                return cached
+    return await run_in_threadpool(auth.authenticate, request)
+
+
+@router.api_route("/clusters/{namespace}/{name}", methods=METHODS, include_in_schema=False)
+async def cluster_root(namespace: str, name: str) -> RedirectResponse:
+    _check_names(namespace, name)
+    return RedirectResponse(f"/clusters/{namespace}/{name}/", status_code=307)
+
+
+@router.api_route("/clusters/{namespace}/{name}/{path:path}", methods=METHODS)
+async def proxy(request: Request, namespace: str, name: str, path: str) -> Response:
+    """Forward a request to the cluster's Ray dashboard, streaming both bodies (package uploads are large)."""
+    principal = await _principal(request)
+    verb = identity.Verb.VIEW if request.method in auth.SAFE_METHODS else identity.Verb.OPERATE
+    route = await _resolve(request.app.state, principal, namespace, name, verb)
+    client: httpx.AsyncClient = request.app.state.gateway_http
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in PRIVATE_REQUEST_HEADERS]
+    headers.extend(route.headers.items())
+    upstream_request = client.build_request(
+        request.method,
+        f"{route.dashboard}/{path}",
+        params=request.url.query,
+        headers=headers,
+        content=request.stream() if request.method not in ("GET", "HEAD") else None,
+    )
+    try:
+        upstream = await client.send(upstream_request, stream=True)
+    except httpx.TransportError as exc:
+        raise errors.TransientError(
+            f"cluster {namespace}/{name} dashboard is not answering ({type(exc).__name__})"
+        ) from None
+    response_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+    return StreamingResponse(
+        upstream.aiter_raw(),
+        status_code=upstream.status_code,
+        headers=response_headers,
+        background=BackgroundTask(upstream.aclose),
+    )
+
+
+@router.websocket("/clusters/{namespace}/{name}/{path:path}")
+async def proxy_websocket(websocket: WebSocket, namespace: str, name: str, path: str) -> None:
+    """Forward a websocket (``ray job logs --follow`` tails logs through one)."""
+    state = websocket.app.state
+    try:
+        principal = await run_in_threadpool(
+            auth.authenticate_websocket,
+            state.identities,
+            state.token_cache,
+            websocket.headers.get("authorization"),
+            websocket.cookies.get(auth.SESSION_COOKIE),
+        )
+        route = await _resolve(state, principal, namespace, name, identity.Verb.VIEW)
+    except errors.RaypodError as exc:
+        await websocket.close(code=4401 if isinstance(exc, errors.Unauthenticated) else 4403, reason=exc.message[:120])
+        return
+    target = route.dashboard.replace("http://", "ws://", 1) + f"/{path}"
+    if websocket.url.query:
+        target += f"?{websocket.url.query}"
+    try:
+        async with websockets.connect(target, additional_headers=route.headers, max_size=None) as upstream:
+            await websocket.accept()
+            await _pump(websocket, upstream)
+    except (OSError, websockets.InvalidHandshake):
+        await websocket.close(code=1011, reason="cluster dashboard is not answering")
+
+
+async def _pump(client: WebSocket, upstream: websockets.ClientConnection) -> None:
+    async def downstream() -> None:
+        async for message in upstream:
+            if isinstance(message, bytes):
+                await client.send_bytes(message)
+            else:
+                await client.send_text(message)
+        await client.close()
+
+    async def upstream_side() -> None:
+        while True:
+            message = await client.receive()
+            if message["type"] == "websocket.disconnect":
+                await upstream.close()
+                return
+            if message.get("bytes") is not None:
+                await upstream.send(message["bytes"])
+            elif message.get("text") is not None:
+                await upstream.send(message["text"])
+
+    tasks = [asyncio.create_task(downstream()), asyncio.create_task(upstream_side())]
+    _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
