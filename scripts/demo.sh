@@ -10,15 +10,15 @@ PYTHON="${PYTHON:-python3}"
 export PATH="$PWD/.venv/bin:$PATH"
 
 raypod up --workers 2
-dashboard=$(raypod cluster get local -o json | python -c 'import json,sys; print(json.load(sys.stdin)["status"]["endpoints"]["dashboard"])')
+server=$(python -c 'import raypod.client as c; print(c.connection_settings().server)')
 echo
-echo "Submitting examples/hello_ray.py to the cluster with plain 'ray job submit'..."
-ray job submit --address "$dashboard" --working-dir examples -- python hello_ray.py
+echo "Submitting examples/hello_ray.py with plain 'ray job submit', through raypod's authenticated gateway..."
+ray job submit --address raypod://local --working-dir examples -- python hello_ray.py
 echo
 raypod cluster list
 echo
 echo "Where to look:"
-echo "  Ray dashboard:   $dashboard"
+echo "  Ray dashboard:   $server/clusters/default/local/  (log in at $server/login with the token in ~/.raypod/credentials)"
 echo "  cluster events:  .venv/bin/raypod cluster events local"
 echo "  scale it:        .venv/bin/raypod cluster scale local 3"
 echo "  stop it all:     .venv/bin/raypod down"

@@ -5,6 +5,7 @@ Every process started here is stopped at the end, including Ray nodes left behin
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
@@ -40,17 +42,31 @@ class RaypodServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"https://127.0.0.1:{self.port}"
 
     @property
     def env(self) -> dict[str, str]:
+        """What a user's shell on this machine has: the server and its home (credentials file inside)."""
         return {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if not k.startswith(("RAYPOD_", "RAY_"))},
             "RAYPOD_HOME": str(self.home),
             "RAYPOD_SERVER": self.url,
             "RAYPOD_RECONCILE_INTERVAL_S": "0.5",
             "RAYPOD_DRAIN_TIMEOUT_S": "30",
         }
+
+    @property
+    def admin_token(self) -> str:
+        return str(json.loads((self.home / "credentials").read_text())["token"])
+
+    @property
+    def ca_file(self) -> str:
+        return str(self.home / "tls" / "server.crt")
+
+    @property
+    def ray_token(self) -> str:
+        """The Ray token of the local clusters: tests that talk to Ray directly need it, users never do."""
+        return (self.home / "local" / "ray-auth-token").read_text().strip()
 
     def start(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -65,8 +81,8 @@ class RaypodServer:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                with Client(self.url) as probe:
-                    probe.health()
+                with httpx.Client(verify=False) as probe:
+                    probe.get(f"{self.url}/healthz").raise_for_status()
                 return
             except Exception:
                 time.sleep(0.2)
@@ -86,8 +102,10 @@ class RaypodServer:
                 self.process.kill()
                 self.process.wait()
 
-    def client(self) -> Client:
-        return Client(self.url, timeout=60)
+    def client(self, token: str | None = None) -> Client:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("RAYPOD_CA_FILE", self.ca_file)
+            return Client(self.url, timeout=60, token=token or self.admin_token)
 
 
 def cluster_processes(cluster_id: str | None = None) -> list[psutil.Process]:
@@ -132,10 +150,15 @@ def raypod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaypodSe
                 pass
 
 
-def run_driver(address: str, code: str, timeout: float = 120) -> str:
-    """Run a Ray driver in a fresh interpreter against a cluster and return its stdout."""
+def driver_env(server: RaypodServer, address: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env["RAY_ADDRESS"] = address
+    env.update({"RAY_ADDRESS": address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": server.ray_token})
+    return env
+
+
+def run_driver(server: RaypodServer, address: str, code: str, timeout: float = 120) -> str:
+    """Run a Ray driver in a fresh interpreter against a cluster and return its stdout."""
+    env = driver_env(server, address)
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout, check=False
     )

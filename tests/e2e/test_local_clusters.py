@@ -20,7 +20,7 @@ import pytest
 from raypod import errors, state
 from raypod.backends import _ports
 from raypod.client import Client
-from tests.e2e.conftest import RaypodServer, cluster_processes, run_driver
+from tests.e2e.conftest import RaypodServer, cluster_processes, driver_env, run_driver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -69,10 +69,14 @@ def wait_for_event(api: Client, reason: str, count: int = 1, timeout: float = 60
         time.sleep(0.25)
 
 
-def test_created_cluster_runs_real_ray_nodes_with_the_spec(cluster: state.ClusterView) -> None:
+def test_created_cluster_runs_real_ray_nodes_with_the_spec(
+    raypod_server: RaypodServer, cluster: state.ClusterView
+) -> None:
     assert [n.name for n in cluster.status.nodes] == ["head", "cpu-0"]
+    assert cluster.spec.owner == "admin"
     gcs = cluster.status.endpoints["gcs"]
     out = run_driver(
+        raypod_server,
         gcs,
         """
 import json, os, ray
@@ -94,7 +98,7 @@ print(json.dumps({
 
 
 def test_scale_up_starts_a_node_and_scale_down_drains_it_without_killing_its_work(
-    api: Client, cluster: state.ClusterView
+    raypod_server: RaypodServer, api: Client, cluster: state.ClusterView
 ) -> None:
     api.clusters.scale("e2e", "cpu", 2)
     view = api.clusters.wait_ready("e2e", timeout=120)
@@ -118,10 +122,7 @@ ref = slow.options(scheduling_strategy=NodeAffinitySchedulingStrategy("{target}"
 print(ray.get(ref), flush=True)
 """,
         ],
-        env={
-            **{k: v for k, v in os.environ.items() if not k.startswith("RAY_")},
-            "RAY_ADDRESS": view.status.endpoints["gcs"],
-        },
+        env=driver_env(raypod_server, view.status.endpoints["gcs"]),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -247,7 +248,8 @@ def test_up_and_down_run_the_daemon_with_a_default_cluster(tmp_path: object) -> 
     from tests.e2e.conftest import free_port
 
     port = free_port()
-    env = {**os.environ, "RAYPOD_HOME": str(tmp_path), "RAYPOD_SERVER": f"http://127.0.0.1:{port}"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAYPOD_", "RAY_"))}
+    env.update({"RAYPOD_HOME": str(tmp_path), "RAYPOD_SERVER": f"https://127.0.0.1:{port}"})
     up = subprocess.run(
         [sys.executable, "-m", "raypod", "up", "--port", str(port), "--workers", "0"],
         env=env,
@@ -258,9 +260,11 @@ def test_up_and_down_run_the_daemon_with_a_default_cluster(tmp_path: object) -> 
     )
     try:
         assert up.returncode == 0, up.stderr[-2000:]
-        assert "Ray dashboard" in up.stdout and "ray job submit" in up.stdout
-        with Client(env["RAYPOD_SERVER"]) as client:
-            view = client.clusters.get("local")
+        assert "Ray dashboard" in up.stdout and "ray job submit --address raypod://local" in up.stdout
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("RAYPOD_HOME", str(tmp_path))
+            with Client(env["RAYPOD_SERVER"]) as client:
+                view = client.clusters.get("local")
         assert view.status.phase is state.ClusterPhase.READY
     finally:
         down = subprocess.run(

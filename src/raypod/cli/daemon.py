@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from raypod import config, errors
+from raypod.client import _http
 
 
 def pid_file(home: Path) -> Path:
@@ -21,7 +22,8 @@ def pid_file(home: Path) -> Path:
 
 def is_healthy(server: str, verify: str | bool = True) -> bool:
     try:
-        return httpx.get(f"{server.rstrip('/')}/healthz", timeout=1.0, verify=verify).status_code == 200
+        response = httpx.get(f"{server.rstrip('/')}/healthz", timeout=1.0, verify=_http.tls_verify(verify))
+        return response.status_code == 200
     except httpx.HTTPError:
         return False
 

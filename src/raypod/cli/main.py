@@ -109,21 +109,18 @@ def up(
 def _print_next_steps(url: str, view: state.ClusterView | None) -> None:
     out = output.console
     if view is not None:
-        endpoints = view.status.endpoints
         out.print(f"cluster [bold]{view.spec.name}[/bold]: {view.status.message}")
-        out.print(f"  Ray dashboard  {endpoints.get('dashboard', '-')}")
-        out.print(f"  Ray address    {endpoints.get('gcs', '-')}")
+        out.print(f"  Ray dashboard  {url}/clusters/{view.spec.namespace}/{view.spec.name}/  (log in at {url}/login)")
+    out.print(f"  credentials    {config.credentials_path()} (mode 0600)")
     out.print("\nNext steps:")
     if view is not None:
-        dashboard = view.status.endpoints.get("dashboard", "")
         out.print(
-            f'  ray job submit --address {dashboard} -- python -c "import ray; ray.init(); '
-            'print(ray.cluster_resources())"',
+            f"  ray job submit --address raypod://{view.spec.name} --working-dir . -- python train.py",
             soft_wrap=True,
         )
-        out.print(f"  RAY_ADDRESS={view.status.endpoints.get('gcs', '')} python your_script.py", soft_wrap=True)
     out.print("  raypod cluster list")
     out.print("  raypod cluster create demo --workers 2")
+    out.print("  raypod token create          # a token for another machine or CI (RAYPOD_TOKEN)")
     out.print("  raypod down")
 
 

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import httpx
 
 from raypod import errors
+
+
+def tls_verify(verify: str | bool) -> ssl.SSLContext | bool:
+    """httpx's ``verify`` for a CA file path (raypod's self-signed certificate) or a plain on/off."""
+    return ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
 
 
 class Transport:
@@ -20,7 +26,7 @@ class Transport:
     ) -> None:
         self.server = server.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = http or httpx.Client(base_url=self.server, timeout=timeout, verify=verify)
+        self._http = http or httpx.Client(base_url=self.server, timeout=timeout, verify=tls_verify(verify))
         self._http.headers.update(headers)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:

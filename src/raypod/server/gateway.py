@@ -173,7 +173,10 @@ async def proxy_websocket(websocket: WebSocket, namespace: str, name: str, path:
     if websocket.url.query:
         target += f"?{websocket.url.query}"
     try:
-        async with websockets.connect(target, additional_headers=route.headers, max_size=None) as upstream:
+        # No permessage-deflate upstream: aiohttp's compressed frames (Ray's dashboard) end a `websockets` session.
+        async with websockets.connect(
+            target, additional_headers=route.headers, max_size=None, compression=None
+        ) as upstream:
             await websocket.accept()
             await _pump(websocket, upstream)
     except (OSError, websockets.InvalidHandshake):

@@ -1,0 +1,169 @@
+"""Plain Ray tooling through raypod's gateway, against a real cluster: `ray job submit --address raypod://...`
+with a large working dir, log tailing to the end, JobSubmissionClient, owner-only submission, and Ray's own
+ports refusing requests without the cluster's token."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from raypod import errors, state
+from raypod.client import Client
+from raypod.client._http import tls_verify
+from tests.e2e.conftest import RaypodServer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def gateway_cluster(raypod_server: RaypodServer) -> Iterator[state.ClusterView]:
+    with raypod_server.client() as api:
+        api.clusters.create({"name": "gw", "head": {"memory": "512Mi", "object_store_memory": "100Mi"}})
+        view = api.clusters.wait_ready("gw", timeout=180)
+        yield view
+        api.clusters.delete("gw")
+        api.clusters.wait_deleted("gw", timeout=120)
+
+
+def ray_cli(
+    server: RaypodServer, *args: str, token: str | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in server.env.items() if not k.startswith("RAY_")}
+    if token:
+        env["RAYPOD_TOKEN"] = token
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "ray"), *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_vanilla_ray_job_submit_uploads_a_large_working_dir_and_follows_logs(
+    raypod_server: RaypodServer, gateway_cluster: state.ClusterView, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "blob.bin").write_bytes(os.urandom(55 * 2**20))  # incompressible: the upload really is > 50 MB
+    (work / "job.py").write_text(
+        "import os, time\n"
+        "print('size', os.path.getsize('blob.bin'), flush=True)\n"
+        "for i in range(3):\n"
+        "    print('tick', i, flush=True)\n"
+        "    time.sleep(1)\n"
+        "print('the-last-line', flush=True)\n"
+    )
+    result = ray_cli(
+        raypod_server,
+        "job",
+        "submit",
+        "--address",
+        "raypod://gw",
+        "--working-dir",
+        ".",
+        "--",
+        "python",
+        "job.py",
+        cwd=work,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    assert f"size {55 * 2**20}" in out
+    assert "tick 2" in out and "the-last-line" in out
+    assert "succeeded" in out
+
+
+def test_job_submission_client_and_job_list_work_with_namespaced_addresses(
+    raypod_server: RaypodServer, gateway_cluster: state.ClusterView
+) -> None:
+    code = (
+        "from ray.job_submission import JobSubmissionClient\n"
+        "client = JobSubmissionClient('raypod://gw/default')\n"
+        "job = client.submit_job(entrypoint='echo via-sdk')\n"
+        "import time\n"
+        "while client.get_job_status(job).is_terminal() is False: time.sleep(0.5)\n"
+        "print(client.get_job_status(job), client.get_job_logs(job).strip())\n"
+    )
+    env = {k: v for k, v in raypod_server.env.items() if not k.startswith("RAY_")}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("SUCCEEDED") and "via-sdk" in result.stdout
+    listed = ray_cli(raypod_server, "job", "list", "--address", "raypod://gw")
+    assert listed.returncode == 0 and "via-sdk" in listed.stdout + listed.stderr
+
+
+def test_clear_errors_for_unknown_clusters_and_bad_credentials(
+    raypod_server: RaypodServer, gateway_cluster: state.ClusterView
+) -> None:
+    unknown = ray_cli(raypod_server, "job", "list", "--address", "raypod://nope")
+    assert unknown.returncode != 0 and "cluster 'nope' not found" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
+    bad = ray_cli(raypod_server, "job", "list", "--address", "raypod://gw", token="rpt_000000000000_wrong")
+    assert bad.returncode != 0 and "unknown token" in bad.stderr
+
+
+def test_only_the_owner_or_team_admins_may_submit(
+    raypod_server: RaypodServer, gateway_cluster: state.ClusterView
+) -> None:
+    with raypod_server.client() as admin:
+        admin.request("POST", "/api/v1/users", json={"name": "bob", "team": "default", "role": "member"})
+        bob_token = admin.request("POST", "/api/v1/tokens", json={"user": "bob", "name": "t"})["token"]
+    with raypod_server.client(bob_token) as bob:
+        assert bob.clusters.get("gw").spec.owner == "admin"
+        with pytest.raises(errors.Forbidden, match="only the cluster owner"):
+            bob.clusters.scale("gw", "x", 1)
+    listed = ray_cli(raypod_server, "job", "list", "--address", "raypod://gw", token=bob_token)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    submitted = ray_cli(raypod_server, "job", "submit", "--address", "raypod://gw", "--", "echo", "hi", token=bob_token)
+    assert submitted.returncode != 0
+    assert "403" in submitted.stderr or "only the cluster owner" in submitted.stderr
+
+
+def test_ray_itself_refuses_requests_without_the_cluster_token(
+    raypod_server: RaypodServer, gateway_cluster: state.ClusterView
+) -> None:
+    dashboard = gateway_cluster.status.endpoints["dashboard"]
+    assert httpx.get(f"{dashboard}/api/jobs/").status_code == 401
+    headers = {"Authorization": f"Bearer {raypod_server.ray_token}"}
+    assert httpx.get(f"{dashboard}/api/jobs/", headers=headers).status_code == 200
+
+
+def test_gateway_needs_credentials(raypod_server: RaypodServer, gateway_cluster: state.ClusterView) -> None:
+    url = f"{raypod_server.url}/clusters/default/gw/api/jobs/"
+    assert httpx.get(url, verify=tls_verify(raypod_server.ca_file)).status_code == 401
+    ok = httpx.get(
+        url, verify=tls_verify(raypod_server.ca_file), headers={"Authorization": f"Bearer {raypod_server.admin_token}"}
+    )
+    assert ok.status_code == 200
+
+
+def test_tokens_never_reach_the_logs(raypod_server: RaypodServer, gateway_cluster: state.ClusterView) -> None:
+    secrets = [raypod_server.admin_token, raypod_server.admin_token.split("_", 2)[2], raypod_server.ray_token]
+    logs = [raypod_server.log, *Path("/tmp").glob(f"rp-{gateway_cluster.uid[:10]}/**/*.log")]
+    for path in logs:
+        text = path.read_text(errors="replace")
+        for secret in secrets:
+            assert secret not in text, f"a secret appears in {path}"
+
+
+def test_credentials_file_is_private(raypod_server: RaypodServer) -> None:
+    assert (raypod_server.home / "credentials").stat().st_mode & 0o777 == 0o600
+    assert (raypod_server.home / "tls" / "server.key").stat().st_mode & 0o777 == 0o600
+    assert (raypod_server.home / "local" / "ray-auth-token").stat().st_mode & 0o777 == 0o600
+    with (
+        httpx.Client(base_url=raypod_server.url, verify=False) as http,
+        Client(raypod_server.url, token="rpt_x_y", http=http) as client,
+        pytest.raises(errors.Unauthenticated),
+    ):
+        client.clusters.list()
