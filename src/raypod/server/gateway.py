@@ -48,7 +48,8 @@ METHODS = ["GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE"]
 
 @dataclass(frozen=True)
 class Route:
-    dashboard: str
+    dashboard: str | None
+    message: str
     headers: dict[str, str]
     owner: str | None
     team: str | None
@@ -66,21 +67,21 @@ class RouteCache:
         return entry[1] if entry and time.monotonic() - entry[0] < ROUTE_TTL_S else None
 
     def lookup(self, namespace: str, name: str) -> Route:
-        """Raises NotFound, Conflict (no dashboard yet)."""
+        """Raises NotFound."""
         cached = self.cached(namespace, name)
         if cached is not None:
             return cached
         view = self.clusters.store.get(namespace, name)
         dashboard = view.status.endpoints.get("dashboard")
-        if not dashboard or view.deleting:
-            raise errors.Conflict(f"cluster {namespace}/{name} has no running dashboard yet ({view.status.message})")
         route = Route(
-            dashboard=dashboard,
+            dashboard=dashboard if dashboard and not view.deleting else None,
+            message=view.status.message,
             headers=self.clusters.backend.dashboard_headers(view.uid),
             owner=view.spec.owner,
             team=self.clusters.identities.namespace_team(namespace),
         )
-        self._routes[(namespace, name)] = (time.monotonic(), route)
+        if route.dashboard:
+            self._routes[(namespace, name)] = (time.monotonic(), route)
         return route
 
 
@@ -101,6 +102,8 @@ async def _resolve(
     identity.authorize(principal, identity.Verb.VIEW, namespace, resolved.team)
     if verb is not identity.Verb.VIEW:
         identity.authorize(principal, verb, namespace, resolved.team, resolved.owner)
+    if resolved.dashboard is None:
+        raise errors.Conflict(f"cluster {namespace}/{name} has no running dashboard yet ({resolved.message})")
     return resolved
 
 
@@ -117,12 +120,13 @@ async def _principal(request: Request) -> identity.Principal:
 
 
 @router.api_route("/clusters/{namespace}/{name}", methods=METHODS, include_in_schema=False)
-async def cluster_root(namespace: str, name: str) -> RedirectResponse:
-    _check_names(namespace, name)
+async def cluster_root(request: Request, namespace: str, name: str) -> RedirectResponse:
+    principal = await _principal(request)
+    await _resolve(request.app.state, principal, namespace, name, identity.Verb.VIEW)
     return RedirectResponse(f"/clusters/{namespace}/{name}/", status_code=307)
 
 
-@router.api_route("/clusters/{namespace}/{name}/{path:path}", methods=METHODS)
+@router.api_route("/clusters/{namespace}/{name}/{path:path}", methods=METHODS, include_in_schema=False)
 async def proxy(request: Request, namespace: str, name: str, path: str) -> Response:
     """Forward a request to the cluster's Ray dashboard, streaming both bodies (package uploads are large)."""
     principal = await _principal(request)
@@ -169,7 +173,7 @@ async def proxy_websocket(websocket: WebSocket, namespace: str, name: str, path:
     except errors.RaypodError as exc:
         await websocket.close(code=4401 if isinstance(exc, errors.Unauthenticated) else 4403, reason=exc.message[:120])
         return
-    target = route.dashboard.replace("http://", "ws://", 1) + f"/{path}"
+    target = f"{route.dashboard}/{path}".replace("http://", "ws://", 1)
     if websocket.url.query:
         target += f"?{websocket.url.query}"
     try:
