@@ -54,6 +54,7 @@ def server(
     tls_cert: Annotated[Path | None, typer.Option(help="PEM certificate (default: self-signed, made once).")] = None,
     tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert.")] = None,
     insecure_http: Annotated[bool, typer.Option(help="Serve plain HTTP (only behind a TLS proxy).")] = False,
+    access_log: Annotated[bool, typer.Option(help="Log every request (method, path, status).")] = False,
 ) -> None:
     """Run the control plane (API, gateway, reconcile loop) in the foreground."""
     import uvicorn
@@ -72,6 +73,7 @@ def server(
         host=host,
         port=port,
         log_level="info",
+        access_log=access_log,
         ssl_certfile=str(tls_cert) if settings.tls else None,
         ssl_keyfile=str(tls_key) if settings.tls else None,
     )

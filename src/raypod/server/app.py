@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import httpx
+import aiohttp
 from fastapi import FastAPI
 
 import raypod
@@ -45,13 +45,18 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         app.state.token_cache = auth.TokenCache()
         app.state.clusters = service.ClusterService(db, chosen, ids, wake=reconciler.wake)
         app.state.gateway_routes = gateway.RouteCache(app.state.clusters)
-        app.state.gateway_http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), follow_redirects=False)
+        # aiohttp, not httpx, for the proxy hop: it adds about half the latency per request here.
+        app.state.gateway_http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, connect=30),
+            connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=60),
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+        )
         app.state.reconciler = reconciler
         reconciler.start()
         try:
             yield
         finally:
-            await app.state.gateway_http.aclose()
+            await app.state.gateway_http.close()
             reconciler.stop()
             chosen.close()
             db.close()
@@ -67,6 +72,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
     app.include_router(identities.router)
     app.include_router(identities.login_router)
     app.include_router(gateway.router)
+    app.router.routes.append(gateway.http_route)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

@@ -13,10 +13,11 @@ import contextlib
 import time
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 import websockets
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from starlette import routing as starlette_routing
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
@@ -26,6 +27,8 @@ from raypod.controlplane import identity, service
 from raypod.server import auth
 
 router = APIRouter(tags=["gateway"])
+# Added to the app after the API routes (see create_app); matched for every method under /clusters/.
+
 
 HOP_BY_HOP = frozenset(
     {
@@ -43,6 +46,7 @@ HOP_BY_HOP = frozenset(
 # Never forwarded upstream: raypod's own credentials stay with raypod.
 PRIVATE_REQUEST_HEADERS = HOP_BY_HOP | {"authorization", "cookie", auth.CSRF_HEADER}
 ROUTE_TTL_S = 2.0
+SMALL_BODY_BYTES = 256 * 1024  # answered in one piece; larger bodies stream
 METHODS = ["GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE"]
 
 
@@ -126,34 +130,44 @@ async def cluster_root(request: Request, namespace: str, name: str) -> RedirectR
     return RedirectResponse(f"/clusters/{namespace}/{name}/", status_code=307)
 
 
-@router.api_route("/clusters/{namespace}/{name}/{path:path}", methods=METHODS, include_in_schema=False)
-async def proxy(request: Request, namespace: str, name: str, path: str) -> Response:
-    """Forward a request to the cluster's Ray dashboard, streaming both bodies (package uploads are large)."""
+async def proxy(request: Request) -> Response:
+    """Forward a request to the cluster's Ray dashboard, streaming both bodies (package uploads are large).
+
+    A plain Starlette route: the gateway is on every dashboard request's path, FastAPI's parameter machinery
+    would only add latency.
+    """
+    params = request.path_params
+    namespace, name, path = params["namespace"], params["name"], params["path"]
     principal = await _principal(request)
     verb = identity.Verb.VIEW if request.method in auth.SAFE_METHODS else identity.Verb.OPERATE
     route = await _resolve(request.app.state, principal, namespace, name, verb)
-    client: httpx.AsyncClient = request.app.state.gateway_http
+    session: aiohttp.ClientSession = request.app.state.gateway_http
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in PRIVATE_REQUEST_HEADERS]
     headers.extend(route.headers.items())
-    upstream_request = client.build_request(
-        request.method,
-        f"{route.dashboard}/{path}",
-        params=request.url.query,
-        headers=headers,
-        content=request.stream() if request.method not in ("GET", "HEAD") else None,
-    )
+    url = f"{route.dashboard}/{path}" + (f"?{request.url.query}" if request.url.query else "")
     try:
-        upstream = await client.send(upstream_request, stream=True)
-    except httpx.TransportError as exc:
+        upstream = await session.request(
+            request.method,
+            url,
+            headers=headers,
+            data=request.stream() if request.method not in ("GET", "HEAD") else None,
+            allow_redirects=False,
+            auto_decompress=False,
+        )
+    except (aiohttp.ClientError, OSError) as exc:
         raise errors.TransientError(
             f"cluster {namespace}/{name} dashboard is not answering ({type(exc).__name__})"
         ) from None
     response_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+    if upstream.content_length is not None and upstream.content_length <= SMALL_BODY_BYTES:
+        body = await upstream.read()
+        upstream.release()
+        return Response(body, status_code=upstream.status, headers=response_headers)
     return StreamingResponse(
-        upstream.aiter_raw(),
-        status_code=upstream.status_code,
+        upstream.content.iter_any(),
+        status_code=upstream.status,
         headers=response_headers,
-        background=BackgroundTask(upstream.aclose),
+        background=BackgroundTask(upstream.release),
     )
 
 
@@ -213,3 +227,6 @@ async def _pump(client: WebSocket, upstream: websockets.ClientConnection) -> Non
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
+
+
+http_route = starlette_routing.Route("/clusters/{namespace}/{name}/{path:path}", proxy, methods=METHODS)
