@@ -4,9 +4,11 @@ ports refusing requests without the cluster's token."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -167,3 +169,77 @@ def test_credentials_file_is_private(raypod_server: RaypodServer) -> None:
         pytest.raises(errors.Unauthenticated),
     ):
         client.clusters.list()
+
+
+def raypod_cli(server: RaypodServer, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "raypod"), *args],
+        env=server.env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_raypod_job_retries_a_failed_job_and_keeps_its_attempts(
+    raypod_server: RaypodServer, gateway_cluster: state.ClusterView, tmp_path: Path
+) -> None:
+    counter = tmp_path / "counter"
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "flaky.py").write_text(
+        "import os, sys\n"
+        f"path = {str(counter)!r}\n"
+        "n = int(open(path).read()) + 1 if os.path.exists(path) else 1\n"
+        "open(path, 'w').write(str(n))\n"
+        "print('attempt', n, flush=True)\n"
+        "sys.exit(0 if n >= 3 else 1)\n"
+    )
+    result = raypod_cli(
+        raypod_server,
+        "job",
+        "submit",
+        "-c",
+        "gw",
+        "--working-dir",
+        ".",
+        "--max-retries",
+        "3",
+        "--backoff",
+        "0.5",
+        "-o",
+        "json",
+        "--",
+        "python",
+        "flaky.py",
+        cwd=tmp_path / "work",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    job = json.loads(result.stdout[result.stdout.index("{") :])
+    assert job["status"] == "SUCCEEDED"
+    assert [a["status"] for a in job["attempts"]] == ["FAILED", "FAILED", "SUCCEEDED"]
+    listed = raypod_cli(raypod_server, "job", "list", "-c", "gw", "-o", "json")
+    assert job["id"] in [j["id"] for j in json.loads(listed.stdout)]
+    first = raypod_cli(raypod_server, "job", "logs", job["id"], "--attempt", "1")
+    assert "attempt 1" in first.stdout
+
+
+def test_a_stopped_job_is_not_retried(raypod_server: RaypodServer, gateway_cluster: state.ClusterView) -> None:
+    submitted = raypod_cli(
+        raypod_server, "job", "submit", "-c", "gw", "--max-retries", "3", "--no-wait", "-o", "json", "--", "sleep", "60"
+    )
+    assert submitted.returncode == 0, submitted.stderr[-2000:]
+    job_id = json.loads(submitted.stdout)["id"]
+    with raypod_server.client() as api:
+        deadline = time.monotonic() + 60
+        while api.request("GET", f"/api/v1/jobs/{job_id}")["status"] != "RUNNING":
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        assert raypod_cli(raypod_server, "job", "stop", job_id).returncode == 0
+        while (job := api.request("GET", f"/api/v1/jobs/{job_id}"))["status"] not in ("STOPPED", "FAILED"):
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        time.sleep(2)
+        job = api.request("GET", f"/api/v1/jobs/{job_id}")
+    assert job["status"] == "STOPPED" and len(job["attempts"]) == 1

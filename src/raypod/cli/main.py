@@ -10,7 +10,7 @@ import typer
 from typer.core import TyperGroup
 
 from raypod import config, errors, state
-from raypod.cli import cluster, daemon, identities, output
+from raypod.cli import cluster, daemon, identities, job, output
 from raypod.client import Client, connection_settings
 
 
@@ -33,6 +33,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(cluster.app, name="cluster")
+app.add_typer(job.app, name="job")
 app.add_typer(identities.token_app, name="token")
 app.add_typer(identities.user_app, name="user")
 app.add_typer(identities.team_app, name="team")

@@ -12,10 +12,11 @@ from fastapi import FastAPI
 import raypod
 from raypod import backends, config
 from raypod.backends import base
-from raypod.controlplane import identity, loop, plan, service, store
+from raypod.controlplane import identity, jobs, loop, plan, service, store
 from raypod.server import auth, gateway
 from raypod.server import errors as server_errors
 from raypod.server.routes import clusters, identities
+from raypod.server.routes import jobs as job_routes
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,9 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         app.state.token_cache = auth.TokenCache()
         app.state.clusters = service.ClusterService(db, chosen, ids, wake=reconciler.wake)
         app.state.gateway_routes = gateway.RouteCache(app.state.clusters)
+        app.state.jobs = jobs.JobService(app.state.clusters)
+        supervisor = jobs.JobSupervisor(app.state.jobs, interval_s=min(settings.reconcile_interval_s, 1.0))
+        supervisor.start()
         # aiohttp, not httpx, for the proxy hop: it adds about half the latency per request here.
         app.state.gateway_http = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, connect=30),
@@ -57,6 +61,8 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
             yield
         finally:
             await app.state.gateway_http.close()
+            supervisor.stop()
+            app.state.jobs.close()
             reconciler.stop()
             chosen.close()
             db.close()
@@ -70,6 +76,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
     server_errors.install(app)
     app.include_router(clusters.router)
     app.include_router(identities.router)
+    app.include_router(job_routes.router)
     app.include_router(identities.login_router)
     app.include_router(gateway.router)
     app.router.routes.append(gateway.http_route)

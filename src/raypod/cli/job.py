@@ -1,0 +1,124 @@
+"""``raypod job ...``: raypod jobs (Ray jobs with retries). Plain ``ray job ... --address raypod://`` works too."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from raypod import errors
+from raypod.cli import output
+from raypod.cli.cluster import client
+from raypod.cli.output import Format
+
+app = typer.Typer(help="Submit, list, follow and stop jobs (with retries).", no_args_is_help=True)
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+OutputOpt = Annotated[Format, typer.Option("--output", "-o", help="table, json or yaml.")]
+
+
+def _upload_working_dir(cluster: str, namespace: str, runtime_env: dict[str, Any]) -> dict[str, Any]:
+    """Upload a local working_dir through the gateway the way `ray job submit` does, returning the runtime_env
+    with its gcs:// URI (retries reuse the uploaded package)."""
+    from ray.job_submission import JobSubmissionClient
+
+    submission = JobSubmissionClient(f"raypod://{cluster}/{namespace}")
+    submission._upload_working_dir_if_needed(runtime_env)
+    submission._upload_py_modules_if_needed(runtime_env)
+    return runtime_env
+
+
+@app.command()
+def submit(
+    entrypoint: Annotated[list[str], typer.Argument(help="The command, after --.")],
+    cluster: Annotated[str, typer.Option("--cluster", "-c", help="Cluster to run on.")],
+    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+    working_dir: Annotated[Path | None, typer.Option(help="Directory uploaded as the job's working_dir.")] = None,
+    runtime_env_json: Annotated[str | None, typer.Option(help="runtime_env as JSON.")] = None,
+    max_retries: Annotated[int, typer.Option(help="Resubmit a FAILED job up to N times (not a stopped one).")] = 0,
+    backoff: Annotated[float, typer.Option(help="Seconds before the first retry; doubles each time.")] = 2.0,
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Follow until the job ends.")] = True,
+    fmt: OutputOpt = Format.TABLE,
+) -> None:
+    """Submit a job: raypod job submit -c demo --max-retries 2 -- python train.py"""
+    try:
+        runtime_env: dict[str, Any] = json.loads(runtime_env_json) if runtime_env_json else {}
+    except ValueError as exc:
+        raise errors.InvalidSpec(f"--runtime-env-json is not JSON: {exc}") from None
+    if working_dir is not None:
+        if not working_dir.is_dir():
+            raise errors.InvalidSpec(f"--working-dir {working_dir} is not a directory")
+        runtime_env["working_dir"] = str(working_dir)
+    if "working_dir" in runtime_env or "py_modules" in runtime_env:
+        runtime_env = _upload_working_dir(cluster, namespace, runtime_env)
+    body = {
+        "entrypoint": " ".join(entrypoint),
+        "runtime_env": runtime_env,
+        "max_retries": max_retries,
+        "backoff_s": backoff,
+    }
+    api = client()
+    job = api.request("POST", f"/api/v1/namespaces/{namespace}/clusters/{cluster}/jobs", json=body)
+    output.errors_console.print(f"job {job['id']} submitted to {namespace}/{cluster}")
+    if wait:
+        seen = ""
+        while job["status"] not in TERMINAL:
+            line = f"{job['status']} (attempt {len(job['attempts'])} of {job['spec']['max_retries'] + 1})"
+            if line != seen:
+                output.errors_console.print(line)
+                seen = line
+            time.sleep(0.5)
+            job = api.request("GET", f"/api/v1/jobs/{job['id']}")
+        print(api.request("GET", f"/api/v1/jobs/{job['id']}/logs")["logs"], end="")
+    _render(job, fmt)
+    if wait and job["status"] != "SUCCEEDED":
+        raise typer.Exit(1)
+
+
+@app.command("list")
+def list_(
+    cluster: Annotated[str, typer.Option("--cluster", "-c")],
+    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+    fmt: OutputOpt = Format.TABLE,
+) -> None:
+    found = client().request("GET", f"/api/v1/namespaces/{namespace}/clusters/{cluster}/jobs")
+    if fmt is not Format.TABLE:
+        output.emit_data(found, fmt)
+        return
+    for job in found:
+        output.console.print(
+            f"{job['id']}  {job['status']:<10} attempts={len(job['attempts'])}  {job['spec']['entrypoint'][:60]}"
+        )
+
+
+@app.command()
+def get(job_id: str, fmt: OutputOpt = Format.TABLE) -> None:
+    _render(client().request("GET", f"/api/v1/jobs/{job_id}"), fmt)
+
+
+@app.command()
+def logs(
+    job_id: str, attempt: Annotated[int | None, typer.Option(help="Attempt number (default: last).")] = None
+) -> None:
+    params = {"attempt": attempt} if attempt else {}
+    print(client().request("GET", f"/api/v1/jobs/{job_id}/logs", params=params)["logs"], end="")
+
+
+@app.command()
+def stop(job_id: str) -> None:
+    """Stop a job; it will not be retried."""
+    job = client().request("POST", f"/api/v1/jobs/{job_id}/stop")
+    output.console.print(f"job {job['id']}: stop requested")
+
+
+def _render(job: dict[str, Any], fmt: Format) -> None:
+    if fmt is not Format.TABLE:
+        output.emit_data(job, fmt)
+        return
+    output.console.print(f"job {job['id']} on {job['namespace']}/{job['cluster']}: [bold]{job['status']}[/bold]")
+    for number, attempt in enumerate(job["attempts"], start=1):
+        output.console.print(
+            f"  attempt {number}: {attempt['submission_id']}  {attempt['status']}  {attempt['message'][:80]}"
+        )

@@ -1,0 +1,56 @@
+"""Job routes: raypod jobs with retries; each attempt is a Ray submission on the cluster."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import BaseModel
+
+from raypod.controlplane import jobs
+from raypod.server.auth import Caller
+from raypod.server.routes.clusters import NamePath
+
+router = APIRouter(prefix="/api/v1", tags=["jobs"])
+JobIdPath = Annotated[str, Path(pattern=r"^rj-[0-9a-f]{10}$")]
+
+
+def job_service(request: Request) -> jobs.JobService:
+    svc: jobs.JobService = request.app.state.jobs
+    return svc
+
+
+Service = Annotated[jobs.JobService, Depends(job_service)]
+
+
+class Logs(BaseModel):
+    job: str
+    attempt: int | None
+    logs: str
+
+
+@router.post("/namespaces/{namespace}/clusters/{name}/jobs", status_code=201)
+def submit_job(caller: Caller, namespace: NamePath, name: NamePath, spec: jobs.JobSpec, svc: Service) -> jobs.JobView:
+    return svc.submit(caller, namespace, name, spec)
+
+
+@router.get("/namespaces/{namespace}/clusters/{name}/jobs")
+def list_jobs(caller: Caller, namespace: NamePath, name: NamePath, svc: Service) -> list[jobs.JobView]:
+    return svc.list(caller, namespace, name)
+
+
+@router.get("/jobs/{job_id}")
+def get_job(caller: Caller, job_id: JobIdPath, svc: Service) -> jobs.JobView:
+    return svc.get(caller, job_id)
+
+
+@router.post("/jobs/{job_id}/stop", status_code=202)
+def stop_job(caller: Caller, job_id: JobIdPath, svc: Service) -> jobs.JobView:
+    return svc.stop(caller, job_id)
+
+
+@router.get("/jobs/{job_id}/logs")
+def job_logs(
+    caller: Caller, job_id: JobIdPath, svc: Service, attempt: Annotated[int | None, Query(ge=1, le=100)] = None
+) -> Logs:
+    return Logs(job=job_id, attempt=attempt, logs=svc.logs(caller, job_id, attempt))

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from raypod.controlplane import jobs
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def job(attempts: int, max_retries: int = 2, stop_requested: bool = False) -> jobs.JobView:
+    return jobs.JobView(
+        id="rj-0123456789",
+        namespace="default",
+        cluster="demo",
+        owner="alice",
+        spec=jobs.JobSpec(entrypoint="python x.py", max_retries=max_retries, backoff_s=2.0),
+        status=jobs.JobStatus.RUNNING,
+        stop_requested=stop_requested,
+        created_at=NOW,
+        attempts=[jobs.Attempt(submission_id=f"rj-0123456789-{i + 1}", submitted_at=NOW) for i in range(attempts)],
+    )
+
+
+def test_running_attempts_are_left_alone() -> None:
+    assert jobs.decide(job(1), "RUNNING", NOW) == (jobs.Decision.WAIT, None)
+    assert jobs.decide(job(1), "PENDING", NOW) == (jobs.Decision.WAIT, None)
+
+
+def test_failed_attempts_are_retried_with_exponential_backoff_until_the_limit() -> None:
+    assert jobs.decide(job(1), "FAILED", NOW) == (jobs.Decision.RETRY, NOW + timedelta(seconds=2))
+    assert jobs.decide(job(2), "FAILED", NOW) == (jobs.Decision.RETRY, NOW + timedelta(seconds=4))
+    assert jobs.decide(job(3), "FAILED", NOW) == (jobs.Decision.FAIL, None)
+    assert jobs.decide(job(1, max_retries=0), "FAILED", NOW) == (jobs.Decision.FAIL, None)
+
+
+def test_stopped_jobs_are_never_retried() -> None:
+    assert jobs.decide(job(1), "STOPPED", NOW) == (jobs.Decision.STOP, None)
+    assert jobs.decide(job(1, stop_requested=True), "FAILED", NOW) == (jobs.Decision.STOP, None)
+
+
+def test_success_ends_the_job() -> None:
+    assert jobs.decide(job(2), "SUCCEEDED", NOW) == (jobs.Decision.SUCCEED, None)
