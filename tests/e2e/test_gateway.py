@@ -33,14 +33,15 @@ def gateway_cluster(raypod_server: RaypodServer) -> Iterator[state.ClusterView]:
         api.clusters.wait_deleted("gw", timeout=120)
 
 
-def ray_cli(
-    server: RaypodServer, *args: str, token: str | None = None, cwd: Path | None = None
+def run_cli(
+    server: RaypodServer, program: str, *args: str, token: str | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """Run a console script of this environment as a user of ``server`` would (credentials from its home)."""
     env = {k: v for k, v in server.env.items() if not k.startswith("RAY_")}
     if token:
         env["RAYPOD_TOKEN"] = token
     return subprocess.run(
-        [str(Path(sys.executable).parent / "ray"), *args],
+        [str(Path(sys.executable).parent / program), *args],
         env=env,
         cwd=cwd,
         capture_output=True,
@@ -48,6 +49,12 @@ def ray_cli(
         timeout=300,
         check=False,
     )
+
+
+def ray_cli(
+    server: RaypodServer, *args: str, token: str | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return run_cli(server, "ray", *args, token=token, cwd=cwd)
 
 
 def test_vanilla_ray_job_submit_uploads_a_large_working_dir_and_follows_logs(
@@ -172,15 +179,7 @@ def test_credentials_file_is_private(raypod_server: RaypodServer) -> None:
 
 
 def raypod_cli(server: RaypodServer, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "raypod"), *args],
-        env=server.env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    return run_cli(server, "raypod", *args, cwd=cwd)
 
 
 def test_raypod_job_retries_a_failed_job_and_keeps_its_attempts(

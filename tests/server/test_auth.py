@@ -28,7 +28,14 @@ PUBLIC = {
     ("GET", "/docs/oauth2-redirect"),
     ("GET", "/redoc"),
 }
-PARAMS = {"namespace": "default", "name": "demo", "path": "api/version", "team": "default", "token_id": "abc"}
+PARAMS = {
+    "namespace": "default",
+    "name": "demo",
+    "path": "api/version",
+    "team": "default",
+    "token_id": "abc",
+    "job_id": "rj-0123456789",
+}
 
 
 @pytest.fixture

@@ -139,18 +139,7 @@ class Reconciler:
     def _record(
         self, view: state.ClusterView, kind: state.EventType, reason: str, message: str, node: str | None
     ) -> None:
-        self.store.add_event(
-            view.uid,
-            state.Event(
-                time=store.now(),
-                namespace=view.spec.namespace,
-                cluster=view.spec.name,
-                type=kind,
-                reason=reason,
-                message=message,
-                node=node,
-            ),
-        )
+        self.store.record(view, kind, reason, message, node)
 
     def _back_off(self, uid: str) -> None:
         count = self._failures.get(uid, (0, 0.0))[0] + 1

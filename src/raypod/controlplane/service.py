@@ -51,7 +51,7 @@ class ClusterService:
         ]
         capacity.check_capacity(spec, others, self.backend.capacity())
         view = self.store.insert(spec)
-        self._event(view, state.EventType.NORMAL, "Created", _summary(spec))
+        self.store.record(view, state.EventType.NORMAL, "Created", _summary(spec))
         self.wake()
         return view
 
@@ -87,7 +87,9 @@ class ClusterService:
             others = [v.spec for v in self.store.list() if v.uid != view.uid]
             capacity.check_capacity(scaled, others, self.backend.capacity())
         self.store.update_spec(view.uid, scaled)
-        self._event(view, state.EventType.NORMAL, "Scaled", f"worker group {group}: {before} -> {replicas} replicas")
+        self.store.record(
+            view, state.EventType.NORMAL, "Scaled", f"worker group {group}: {before} -> {replicas} replicas"
+        )
         self.wake()
         return self.store.get(namespace, name)
 
@@ -100,7 +102,7 @@ class ClusterService:
         view = self.get(caller, namespace, name, Verb.OPERATE)
         if not view.deleting:
             self.store.mark_deleting(view.uid)
-            self._event(view, state.EventType.NORMAL, "DeletionRequested", "stopping all nodes")
+            self.store.record(view, state.EventType.NORMAL, "DeletionRequested", "stopping all nodes")
         self.wake()
         return self.store.get(namespace, name)
 
@@ -115,19 +117,6 @@ class ClusterService:
         if not found:
             self.store.get(namespace, name)
         return found
-
-    def _event(self, view: state.ClusterView, kind: state.EventType, reason: str, message: str) -> None:
-        self.store.add_event(
-            view.uid,
-            state.Event(
-                time=store.now(),
-                namespace=view.spec.namespace,
-                cluster=view.spec.name,
-                type=kind,
-                reason=reason,
-                message=message,
-            ),
-        )
 
 
 def _summary(spec: spec_mod.ClusterSpec) -> str:

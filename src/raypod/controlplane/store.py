@@ -157,6 +157,23 @@ class Store:
         with self.engine.begin() as connection:
             connection.execute(events.insert().values(cluster_uid=uid, **recorded.model_dump()))
 
+    def record(
+        self, view: state.ClusterView, kind: state.EventType, reason: str, message: str, node: str | None = None
+    ) -> None:
+        """Record an event of a cluster, now."""
+        self.add_event(
+            view.uid,
+            state.Event(
+                time=now(),
+                namespace=view.spec.namespace,
+                cluster=view.spec.name,
+                type=kind,
+                reason=reason,
+                message=message,
+                node=node,
+            ),
+        )
+
     def events(self, namespace: str, name: str, limit: int = 200) -> builtins.list[state.Event]:
         """Events of every cluster that had this name, oldest first (events outlive a deleted cluster)."""
         query = (
