@@ -241,7 +241,7 @@ def test_a_second_cluster_coexists_and_deleting_clusters_leaves_nothing_behind(
         assert not (raypod_server.home / "local" / view.uid).exists()
     assert all(_ports.is_bindable(port) for port in ports)
     assert "Deleted" in reasons(api)
-    assert api.clusters.list() == []
+    assert not {"e2e", "other"} & {view.spec.name for view in api.clusters.list()}
 
 
 def test_up_and_down_run_the_daemon_with_a_default_cluster(tmp_path: object) -> None:
