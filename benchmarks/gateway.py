@@ -33,7 +33,7 @@ def free_port() -> int:
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def round_trip(client: httpx.Client, base: str) -> float:
@@ -56,25 +56,31 @@ def main() -> None:
     env.update({"RAYPOD_HOME": str(home), "RAYPOD_SERVER": f"https://127.0.0.1:{port}"})
     raypod = str(Path(sys.executable).parent / "raypod")
     with open(home / "server.log", "wb") as log:
-        server = subprocess.Popen([raypod, "server", "--port", str(port)], env=env, stdout=log,
-                                  stderr=subprocess.STDOUT)
+        server = subprocess.Popen(
+            [raypod, "server", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         for _ in range(200):
             if (home / "credentials").exists():
                 break
             time.sleep(0.1)
         time.sleep(1)
-        subprocess.run([raypod, "cluster", "create", "bench", "-o", "json"], env=env, check=True,
-                       capture_output=True)
-        view = json.loads(subprocess.run([raypod, "cluster", "get", "bench", "-o", "json"], env=env, check=True,
-                                         capture_output=True, text=True).stdout)
+        subprocess.run([raypod, "cluster", "create", "bench", "-o", "json"], env=env, check=True, capture_output=True)
+        view = json.loads(
+            subprocess.run(
+                [raypod, "cluster", "get", "bench", "-o", "json"], env=env, check=True, capture_output=True, text=True
+            ).stdout
+        )
         credentials = json.loads((home / "credentials").read_text())
         ray_token = (home / "local" / "ray-auth-token").read_text().strip()
         direct_base = view["status"]["endpoints"]["dashboard"]
         gateway_base = f"https://127.0.0.1:{port}/clusters/default/bench"
         direct = httpx.Client(headers={"Authorization": f"Bearer {ray_token}"}, timeout=30)
-        gateway = httpx.Client(headers={"Authorization": f"Bearer {credentials['token']}"}, timeout=30,
-                               verify=ssl.create_default_context(cafile=credentials["ca_file"]))
+        gateway = httpx.Client(
+            headers={"Authorization": f"Bearer {credentials['token']}"},
+            timeout=30,
+            verify=ssl.create_default_context(cafile=credentials["ca_file"]),
+        )
         job = direct.post(f"{direct_base}/api/jobs/", json={"entrypoint": "echo warm"}).json()["submission_id"]
         for client, base in ((direct, direct_base), (gateway, gateway_base)):  # warm connections and caches
             for _ in range(10):
@@ -103,17 +109,23 @@ def main() -> None:
 
     direct_p50, gateway_p50 = statistics.median(reads["direct"]), statistics.median(reads["gateway"])
     print(f"job-status reads ({args.reads} each): direct p50 {direct_p50:.2f} ms, gateway p50 {gateway_p50:.2f} ms")
-    print(f"submit-to-SUCCEEDED ({args.round_trips} each): direct median {statistics.median(trips['direct']):.2f} s, "
-          f"gateway median {statistics.median(trips['gateway']):.2f} s")
-    print(json.dumps({
-        "direct_p50_ms": round(direct_p50, 2),
-        "gateway_p50_ms": round(gateway_p50, 2),
-        "added_p50_ms": round(gateway_p50 - direct_p50, 2),
-        "direct_p95_ms": round(percentile(reads["direct"], 95), 2),
-        "gateway_p95_ms": round(percentile(reads["gateway"], 95), 2),
-        "direct_submit_p50_s": round(statistics.median(trips["direct"]), 2),
-        "gateway_submit_p50_s": round(statistics.median(trips["gateway"]), 2),
-    }))
+    print(
+        f"submit-to-SUCCEEDED ({args.round_trips} each): direct median {statistics.median(trips['direct']):.2f} s, "
+        f"gateway median {statistics.median(trips['gateway']):.2f} s"
+    )
+    print(
+        json.dumps(
+            {
+                "direct_p50_ms": round(direct_p50, 2),
+                "gateway_p50_ms": round(gateway_p50, 2),
+                "added_p50_ms": round(gateway_p50 - direct_p50, 2),
+                "direct_p95_ms": round(percentile(reads["direct"], 95), 2),
+                "gateway_p95_ms": round(percentile(reads["gateway"], 95), 2),
+                "direct_submit_p50_s": round(statistics.median(trips["direct"]), 2),
+                "gateway_submit_p50_s": round(statistics.median(trips["gateway"]), 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -242,3 +243,41 @@ def test_a_stopped_job_is_not_retried(raypod_server: RaypodServer, gateway_clust
         time.sleep(2)
         job = api.request("GET", f"/api/v1/jobs/{job_id}")
     assert job["status"] == "STOPPED" and len(job["attempts"]) == 1
+
+
+def test_ray_job_status_stop_and_logs_follow_through_raypod_addresses(
+    raypod_server: RaypodServer, gateway_cluster: state.ClusterView
+) -> None:
+    def submission_id(result: subprocess.CompletedProcess[str]) -> str:
+        found = re.search(r"Job '(raysubmit_\w+)' submitted successfully", result.stdout + result.stderr)
+        assert found, (result.stdout + result.stderr)[-2000:]
+        return found.group(1)
+
+    sleeper = submission_id(
+        ray_cli(raypod_server, "job", "submit", "--address", "raypod://gw", "--no-wait", "--", "sleep", "120")
+    )
+    status = ray_cli(raypod_server, "job", "status", "--address", "raypod://gw", sleeper)
+    assert status.returncode == 0 and re.search(r"PENDING|RUNNING", status.stdout + status.stderr)
+    stopped = ray_cli(raypod_server, "job", "stop", "--address", "raypod://gw", sleeper)
+    assert stopped.returncode == 0, stopped.stderr[-2000:]
+    assert "STOPPED" in ray_cli(raypod_server, "job", "status", "--address", "raypod://gw", sleeper).stdout + (
+        ray_cli(raypod_server, "job", "status", "--address", "raypod://gw", sleeper).stderr
+    )
+
+    counter = submission_id(
+        ray_cli(
+            raypod_server,
+            "job",
+            "submit",
+            "--address",
+            "raypod://gw/default",
+            "--no-wait",
+            "--",
+            "python",
+            "-c",
+            "'import time\nfor i in range(4): print(\"count\", i, flush=True); time.sleep(1)'",
+        )
+    )
+    followed = ray_cli(raypod_server, "job", "logs", "--address", "raypod://gw", "--follow", counter)
+    assert followed.returncode == 0, followed.stderr[-2000:]
+    assert "count 3" in followed.stdout + followed.stderr
