@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from raypod import config, errors
+from raypod import errors
 from raypod.client import _http
 
 
@@ -75,7 +75,3 @@ def stop(home: Path, timeout: float = 30.0) -> bool:
         os.kill(pid, signal.SIGKILL)
     path.unlink(missing_ok=True)
     return True
-
-
-def local_home() -> Path:
-    return config.default_home()

@@ -20,8 +20,6 @@ from raypod.server.routes import jobs as job_routes
 
 log = logging.getLogger(__name__)
 
-PUBLIC_ROUTES = frozenset({"/healthz", "/login", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
-
 
 def create_app(settings: config.Settings, backend: base.Backend | None = None) -> FastAPI:
     """Build the app; the store, backend and loop open on startup and close on shutdown."""

@@ -64,7 +64,7 @@ def authenticate(request: Request) -> identity.Principal:
         scheme, _, value = header.partition(" ")
         if scheme.lower() != "bearer" or not value.strip():
             raise errors.Unauthenticated("use 'Authorization: Bearer <token>'")
-        return _from_token(request, ids, value.strip())
+        return _cached(ids, request.app.state.token_cache, value.strip())
     session_id = request.cookies.get(SESSION_COOKIE)
     if session_id:
         principal = ids.authenticate_session(session_id)
@@ -88,11 +88,6 @@ def authenticate_websocket(
     if session_id:
         return ids.authenticate_session(session_id)
     raise errors.Unauthenticated("no credentials")
-
-
-def _from_token(request: Request, ids: identity.IdentityService, token: str) -> identity.Principal:
-    cache: TokenCache = request.app.state.token_cache
-    return _cached(ids, cache, token)
 
 
 def _cached(ids: identity.IdentityService, cache: TokenCache, token: str) -> identity.Principal:
