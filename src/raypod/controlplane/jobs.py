@@ -8,12 +8,16 @@ pure function ``decide``; ``JobSupervisor`` applies it.
 from __future__ import annotations
 
 import builtins
+import hashlib
+import io
 import json
 import logging
 import secrets
 import threading
+import zipfile
 from datetime import datetime, timedelta
 from enum import StrEnum
+from pathlib import PurePosixPath
 from typing import Any
 
 import httpx
@@ -41,6 +45,7 @@ jobs = sa.Table(
 )
 
 MAX_BACKOFF_S = 300.0
+MAX_WORKING_DIR_BYTES = 100 * 2**20
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 
 
@@ -173,6 +178,22 @@ class JobService:
         payload = self._call("GET", f"{url}/api/jobs/{job.attempts[index - 1].submission_id}/logs", headers)
         return str(payload.get("logs", ""))
 
+    def upload_working_dir(
+        self, caller: identity.Principal, namespace: str, cluster: str, files: builtins.list[tuple[str, bytes]]
+    ) -> str:
+        """Zip uploaded files (relative paths, as a browser sends a picked folder) into a Ray package on the
+        cluster's GCS, and return its ``gcs://`` URI for ``runtime_env.working_dir``.
+
+        Raises:
+            InvalidSpec: no files, an unsafe path, or more than MAX_WORKING_DIR_BYTES. Forbidden, NotFound, Conflict.
+        """
+        view = self.clusters.get(caller, namespace, cluster, identity.Verb.OPERATE)
+        package = build_package(files)
+        uri = f"gcs://_ray_pkg_{hashlib.sha1(package).hexdigest()}.zip"
+        url, headers = self._dashboard(view)
+        self._call("PUT", f"{url}/api/packages/gcs/{uri.removeprefix('gcs://')}", headers, content=package)
+        return uri
+
     # -- supervision ---------------------------------------------------------------------------------------
 
     def supervise_once(self) -> None:
@@ -289,6 +310,33 @@ class JobSupervisor:
                 self.jobs.supervise_once()
             except Exception:
                 log.exception("job supervision pass failed")
+
+
+def build_package(files: list[tuple[str, bytes]]) -> bytes:
+    """A deterministic zip of ``files``; a folder name every path shares is dropped, as Ray's working_dir
+    is the folder's contents.
+
+    Raises:
+        InvalidSpec: no files, an absolute or escaping path, or too many bytes.
+    """
+    if not files:
+        raise errors.InvalidSpec("working dir: no files were uploaded")
+    if sum(len(data) for _, data in files) > MAX_WORKING_DIR_BYTES:
+        raise errors.InvalidSpec(f"working dir: more than {MAX_WORKING_DIR_BYTES // 2**20} MiB")
+    paths = []
+    for name, _ in files:
+        path = PurePosixPath(name.replace("\\", "/"))
+        if path.is_absolute() or not path.parts or any(part in ("", ".", "..") for part in path.parts):
+            raise errors.InvalidSpec(f"working dir: unsafe file path '{name[:200]}'")
+        paths.append(path)
+    tops = {path.parts[0] for path in paths}
+    if len(tops) == 1 and all(len(path.parts) > 1 for path in paths):
+        paths = [PurePosixPath(*path.parts[1:]) for path in paths]
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path, (_, data) in sorted(zip(paths, files, strict=True), key=lambda item: str(item[0])):
+            archive.writestr(zipfile.ZipInfo(str(path), date_time=(1980, 1, 1, 0, 0, 0)), data, zipfile.ZIP_DEFLATED)
+    return buffer.getvalue()
 
 
 def _row(job: JobView) -> dict[str, Any]:

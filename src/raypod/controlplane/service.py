@@ -4,6 +4,7 @@ the loop makes it true."""
 from __future__ import annotations
 
 import builtins
+import dataclasses
 from collections.abc import Callable
 
 from raypod import errors, state
@@ -117,6 +118,21 @@ class ClusterService:
         if not found:
             self.store.get(namespace, name)
         return found
+
+    def search_events(
+        self, caller: Principal, where: store.EventFilter, limit: int = 200
+    ) -> builtins.list[state.Event]:
+        """Events across the clusters the caller may view, newest ``limit``, oldest first.
+
+        Raises:
+            Forbidden: a namespace in ``where`` the caller may not view.
+        """
+        for namespace in where.namespaces or ():
+            self.authorize(caller, Verb.VIEW, namespace)
+        if where.namespaces is None and not caller.is_admin:
+            visible = {ns.name for ns in self.identities.list_namespaces() if ns.team in caller.teams}
+            where = dataclasses.replace(where, namespaces=frozenset(visible))
+        return self.store.search_events(where, limit)
 
 
 def _summary(spec: spec_mod.ClusterSpec) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import builtins
 import json
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -52,6 +53,16 @@ events = sa.Table(
 )
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+@dataclass(frozen=True)
+class EventFilter:
+    """Which events to read: ``namespaces=None`` means all of them; ``text`` matches reason, message or node."""
+
+    namespaces: frozenset[str] | None = None
+    cluster: str | None = None
+    type: state.EventType | None = None
+    text: str | None = None
 
 
 def now() -> datetime:
@@ -176,12 +187,26 @@ class Store:
 
     def events(self, namespace: str, name: str, limit: int = 200) -> builtins.list[state.Event]:
         """Events of every cluster that had this name, oldest first (events outlive a deleted cluster)."""
-        query = (
-            events.select()
-            .where(events.c.namespace == namespace, events.c.cluster == name)
-            .order_by(events.c.id.desc())
-            .limit(limit)
-        )
+        return self.search_events(EventFilter(namespaces=frozenset({namespace}), cluster=name), limit)
+
+    def search_events(self, where: EventFilter, limit: int = 200) -> builtins.list[state.Event]:
+        """The newest ``limit`` events that match, oldest first."""
+        query = events.select().order_by(events.c.id.desc()).limit(limit)
+        if where.namespaces is not None:
+            query = query.where(events.c.namespace.in_(sorted(where.namespaces)))
+        if where.cluster:
+            query = query.where(events.c.cluster == where.cluster)
+        if where.type:
+            query = query.where(events.c.type == where.type.value)
+        if where.text:
+            pattern = "%" + where.text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            query = query.where(
+                sa.or_(
+                    events.c.reason.ilike(pattern, escape="\\"),
+                    events.c.message.ilike(pattern, escape="\\"),
+                    events.c.node.ilike(pattern, escape="\\"),
+                )
+            )
         with self.engine.connect() as connection:
             rows = list(connection.execute(query))
         return [

@@ -13,7 +13,7 @@ import raypod
 from raypod import backends, config
 from raypod.backends import base
 from raypod.controlplane import identity, jobs, loop, plan, service, store
-from raypod.server import auth, gateway
+from raypod.server import auth, console, gateway
 from raypod.server import errors as server_errors
 from raypod.server.routes import clusters, identities
 from raypod.server.routes import jobs as job_routes
@@ -77,6 +77,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
     app.include_router(job_routes.router)
     app.include_router(identities.login_router)
     app.include_router(gateway.router)
+    console.install(app)
     app.router.routes.append(gateway.http_route)
 
     @app.get("/healthz", tags=["health"])

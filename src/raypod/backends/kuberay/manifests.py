@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from raypod import errors
 from raypod import spec as spec_mod
 
 API_VERSION = "ray.io/v1"
@@ -103,3 +104,159 @@ def _pod_template(
     if ports:
         main["ports"] = ports
     return {"spec": {"containers": [main]}}
+
+
+# Fields of a RayCluster that raypod reads back. Anything else would be dropped on the way to a ClusterSpec, so
+# it is refused rather than silently lost. Pod resources and ports are derived from rayStartParams.
+_KNOWN = {
+    "": {"apiVersion", "kind", "metadata", "spec"},
+    "metadata": {"name", "namespace", "labels", "annotations"},
+    "spec": {"rayVersion", "enableInTreeAutoscaling", "headGroupSpec", "workerGroupSpecs", "gcsFaultToleranceOptions"},
+    "group": {
+        "groupName",
+        "replicas",
+        "minReplicas",
+        "maxReplicas",
+        "rayStartParams",
+        "template",
+        "labels",
+        "resources",
+    },
+    "rayStartParams": {"num-cpus", "memory", "object-store-memory", "num-gpus", "dashboard-host"},
+    "template": {"spec"},
+    "podSpec": {"containers"},
+    "container": {"name", "image", "resources", "env", "ports"},
+}
+_OWNER_ANNOTATION = "raypod.io/owner"
+_RUNTIME_ENV_ANNOTATION = "raypod.io/default-runtime-env"
+_ANNOTATIONS = frozenset({_OWNER_ANNOTATION, _RUNTIME_ENV_ANNOTATION})
+_MANAGED_LABELS = frozenset({"app.kubernetes.io/managed-by"})
+
+
+def spec_from_raycluster(manifest: Any) -> spec_mod.ClusterSpec:
+    """The inverse of ``raycluster``: read a (possibly hand-edited) ``RayCluster`` back into a ClusterSpec.
+
+    Raises:
+        InvalidSpec: not a RayCluster, a field raypod does not manage, or an invalid resulting spec; the message
+            names the field.
+    """
+    doc = _mapping(manifest, "")
+    if doc.get("apiVersion") != API_VERSION or doc.get("kind") != "RayCluster":
+        raise errors.InvalidSpec(f"expected apiVersion {API_VERSION} and kind RayCluster")
+    metadata = _mapping(doc.get("metadata"), "metadata")
+    body = _mapping(doc.get("spec"), "spec")
+    annotations = _mapping(metadata.get("annotations", {}), "metadata.annotations")
+    head = _mapping(body.get("headGroupSpec"), "spec.headGroupSpec")
+    head_container = _container(head, "spec.headGroupSpec")
+    ray_version = body.get("rayVersion", spec_mod.DEFAULT_RAY_VERSION)
+    image = head_container.get("image")
+    data: dict[str, Any] = {
+        "name": metadata.get("name"),
+        "namespace": metadata.get("namespace", "default"),
+        "owner": annotations.get(_OWNER_ANNOTATION),
+        "ray_version": ray_version,
+        "image": None if image == DEFAULT_IMAGE.format(version=ray_version) else image,
+        "head": _group(head, "spec.headGroupSpec"),
+        "worker_groups": [],
+        "env": _env(head_container.get("env", []), "spec.headGroupSpec.template.spec.containers[0].env"),
+    }
+    for key, known in (("labels", _MANAGED_LABELS), ("annotations", _ANNOTATIONS)):
+        extra = sorted(set(_mapping(metadata.get(key, {}), f"metadata.{key}")) - known)
+        if extra:
+            raise errors.InvalidSpec(f"metadata.{key}.{extra[0]}: raypod does not manage this field (it would be lost)")
+    if _RUNTIME_ENV_ANNOTATION in annotations:
+        try:
+            data["runtime_env"] = json.loads(annotations[_RUNTIME_ENV_ANNOTATION])
+        except (TypeError, ValueError):
+            raise errors.InvalidSpec(f"metadata.annotations.{_RUNTIME_ENV_ANNOTATION}: not valid JSON") from None
+    for index, item in enumerate(_list(body.get("workerGroupSpecs", []), "spec.workerGroupSpecs")):
+        where = f"spec.workerGroupSpecs[{index}]"
+        group = _mapping(item, where)
+        container = _container(group, where)
+        env_where = f"{where}.template.spec.containers[0].env"
+        if _env(container.get("env", []), env_where) != data["env"] or container.get("image", image) != image:
+            raise errors.InvalidSpec(f"{env_where}: every group shares the head's image and env in raypod")
+        replicas = group.get("replicas", 1)
+        bounds = (group.get("minReplicas", replicas), group.get("maxReplicas", replicas))
+        data["worker_groups"].append(
+            {
+                "name": group.get("groupName"),
+                "replicas": replicas,
+                # A group whose bounds equal its replicas is fixed-size, which raypod writes as no bounds.
+                "min_replicas": None if bounds == (replicas, replicas) else bounds[0],
+                "max_replicas": None if bounds == (replicas, replicas) else bounds[1],
+                **_group(group, where),
+            }
+        )
+    if "gcsFaultToleranceOptions" in body:
+        options = _mapping(body["gcsFaultToleranceOptions"], "spec.gcsFaultToleranceOptions")
+        data["gcs_fault_tolerance"] = {
+            "redis_address": options.get("redisAddress"),
+            "external_storage_namespace": options.get("externalStorageNamespace"),
+        }
+    return spec_mod.parse_spec(data)
+
+
+def _group(group: dict[str, Any], where: str) -> dict[str, Any]:
+    _check_keys(group, "group", where)
+    params = _mapping(group.get("rayStartParams", {}), f"{where}.rayStartParams")
+    _check_keys(params, "rayStartParams", f"{where}.rayStartParams")
+    result: dict[str, Any] = {
+        "labels": _mapping(group.get("labels", {}), f"{where}.labels"),
+        "resources": _mapping(group.get("resources", {}), f"{where}.resources"),
+    }
+    for param, field in (
+        ("num-cpus", "cpus"),
+        ("memory", "memory"),
+        ("object-store-memory", "object_store_memory"),
+        ("num-gpus", "gpus"),
+    ):
+        if param in params:
+            result[field] = params[param]
+    return result
+
+
+def _env(value: Any, where: str) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for index, item in enumerate(_list(value, where)):
+        entry = _mapping(item, f"{where}[{index}]")
+        if set(entry) - {"name", "value"}:
+            raise errors.InvalidSpec(f"{where}[{index}]: raypod manages plain name/value variables only")
+        result[str(entry.get("name"))] = entry.get("value", "")
+    return result
+
+
+def _container(group: dict[str, Any], where: str) -> dict[str, Any]:
+    template = _mapping(group.get("template", {}), f"{where}.template")
+    _check_keys(template, "template", f"{where}.template")
+    pod = _mapping(template.get("spec", {}), f"{where}.template.spec")
+    _check_keys(pod, "podSpec", f"{where}.template.spec")
+    containers = _list(pod.get("containers", [{}]), f"{where}.template.spec.containers")
+    if len(containers) != 1:
+        raise errors.InvalidSpec(f"{where}.template.spec.containers: raypod manages exactly one Ray container")
+    container = _mapping(containers[0], f"{where}.template.spec.containers[0]")
+    _check_keys(container, "container", f"{where}.template.spec.containers[0]")
+    return container
+
+
+def _check_keys(value: dict[str, Any], kind: str, where: str) -> None:
+    unknown = sorted(set(value) - _KNOWN[kind])
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise errors.InvalidSpec(
+            f"{prefix}{unknown[0]}: raypod does not manage this field (it would be lost); remove it"
+        )
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise errors.InvalidSpec(f"{where or 'manifest'}: expected a mapping")
+    if where in ("", "metadata", "spec"):
+        _check_keys(value, where, where)
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise errors.InvalidSpec(f"{where}: expected a list")
+    return value

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from raypod import spec as spec_mod
 from raypod import state
 from raypod.backends.kuberay import manifests
-from raypod.controlplane import service
+from raypod.controlplane import service, store
 from raypod.server.auth import Caller
 
 router = APIRouter(prefix="/api/v1", tags=["clusters"])
@@ -75,3 +75,20 @@ def cluster_events(
 def cluster_manifest(caller: Caller, namespace: NamePath, name: NamePath, svc: Service) -> dict[str, Any]:
     """The KubeRay RayCluster that would run this cluster on Kubernetes."""
     return manifests.raycluster(svc.get(caller, namespace, name).spec)
+
+
+@router.get("/events")
+def search_events(
+    caller: Caller,
+    svc: Service,
+    namespace: NamespaceQuery = None,
+    cluster: Annotated[str | None, Query(pattern=spec_mod.DNS1123_LABEL.pattern, max_length=63)] = None,
+    kind: Annotated[state.EventType | None, Query(alias="type")] = None,
+    text: Annotated[str | None, Query(max_length=200, description="Matches reason, message or node.")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> list[state.Event]:
+    """Events across every cluster the caller may view (health and hang events land here too)."""
+    where = store.EventFilter(
+        namespaces=frozenset({namespace}) if namespace else None, cluster=cluster, type=kind, text=text or None
+    )
+    return svc.search_events(caller, where, limit)

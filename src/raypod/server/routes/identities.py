@@ -8,7 +8,6 @@ from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Form, Request, Response
-from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from raypod import errors
@@ -127,17 +126,6 @@ def revoke_token(caller: Caller, token_id: str, request: Request, ids: Identitie
     revoked = ids.revoke_token(found.id)
     request.app.state.token_cache.clear()
     return revoked
-
-
-_LOGIN_PAGE = """<!doctype html><html><head><title>raypod: log in</title></head><body>
-<h1>raypod</h1><form method="post" action="/login">
-<label>API token <input type="password" name="token" autocomplete="off" required></label>
-<button type="submit">Log in</button></form>{message}</body></html>"""
-
-
-@login_router.get("/login", response_class=HTMLResponse, include_in_schema=False)
-def login_page() -> str:
-    return _LOGIN_PAGE.format(message="")
 
 
 class LoginResult(BaseModel):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request
-from pydantic import BaseModel
+from fastapi import APIRouter, Depends, File, Path, Query, Request, UploadFile
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
 
 from raypod.controlplane import jobs
 from raypod.server.auth import Caller
@@ -27,6 +28,23 @@ class Logs(BaseModel):
     job: str
     attempt: int | None
     logs: str
+
+
+class WorkingDir(BaseModel):
+    uri: str = Field(description="Pass it as runtime_env.working_dir when submitting.")
+
+
+@router.post("/namespaces/{namespace}/clusters/{name}/working-dirs", status_code=201)
+async def upload_working_dir(
+    caller: Caller,
+    namespace: NamePath,
+    name: NamePath,
+    svc: Service,
+    files: Annotated[list[UploadFile], File(description="Files named by their path inside the folder.")],
+) -> WorkingDir:
+    """Upload a folder (as a browser sends one) as a Ray working_dir package on the cluster."""
+    contents = [(upload.filename or "", await upload.read()) for upload in files]
+    return WorkingDir(uri=await run_in_threadpool(svc.upload_working_dir, caller, namespace, name, contents))
 
 
 @router.post("/namespaces/{namespace}/clusters/{name}/jobs", status_code=201)

@@ -1,0 +1,295 @@
+"""Console routes: pages (GET, HTML), their live regions (``?regions=1``, JSON of HTML) and the two
+form/manifest conversions the create form uses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import jinja2
+import yaml
+from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field
+
+import raypod
+from raypod import errors, state
+from raypod import spec as spec_mod
+from raypod.backends.kuberay import manifests
+from raypod.controlplane import identity, jobs, service, store
+from raypod.server import auth
+from raypod.server.console import views
+from raypod.server.routes.clusters import NamePath
+from raypod.server.routes.jobs import JobIdPath
+
+STATIC_DIR = Path(__file__).parent / "static"
+TEMPLATES = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+# Scripts and styles come only from raypod itself; pages cannot be framed.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+EVENTS_SHOWN = 100
+# Filter boxes may be left empty or hold anything typed; pages answer with what matches, not a 422.
+FilterQuery = Annotated[str | None, Query(max_length=63)]
+
+router = APIRouter(include_in_schema=False)
+
+
+class LoginRequired(Exception):
+    """A page was asked for without credentials: send the browser to the login page, then back."""
+
+    def __init__(self, next_url: str) -> None:
+        self.next_url = next_url
+
+
+def install(app: FastAPI) -> None:
+    app.include_router(router)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.add_exception_handler(LoginRequired, _to_login)  # type: ignore[arg-type]
+
+
+async def _to_login(_request: Request, exc: LoginRequired) -> RedirectResponse:
+    return RedirectResponse(f"/login?next={quote(exc.next_url, safe='/')}", status_code=303)
+
+
+def _viewer(request: Request) -> identity.Principal:
+    """The caller of a page. A page request without credentials goes to the login page; a region request
+    (from the page script) gets a 401 it can act on."""
+    try:
+        return auth.authenticate(request)
+    except errors.Unauthenticated:
+        if request.query_params.get("regions"):
+            raise
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        raise LoginRequired(target) from None
+
+
+def _render(
+    request: Request,
+    principal: identity.Principal | None,
+    template: str,
+    regions: tuple[str, ...] = (),
+    status_code: int = 200,
+    **context: Any,
+) -> Response:
+    context.update(
+        user=principal.user if principal else None,
+        is_admin=bool(principal and principal.is_admin),
+        csrf=(principal.session_csrf or "") if principal else "",
+        version=raypod.__version__,
+        path=request.url.path,
+    )
+    if regions and request.query_params.get("regions"):
+        rendered = {region: TEMPLATES.get_template(f"_{region}.html").render(context) for region in regions}
+        return JSONResponse(rendered, headers={"Cache-Control": "no-store"})
+    html = TEMPLATES.get_template(template).render(context)
+    return HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
+
+
+def _error_page(request: Request, principal: identity.Principal, exc: errors.RaypodError) -> Response:
+    if request.query_params.get("regions"):
+        return JSONResponse(exc.to_dict(), status_code=exc.http_status)
+    return _render(request, principal, "error.html", status_code=exc.http_status, message=exc.message)
+
+
+def _clusters(request: Request) -> service.ClusterService:
+    svc: service.ClusterService = request.app.state.clusters
+    return svc
+
+
+def _jobs(request: Request) -> jobs.JobService:
+    svc: jobs.JobService = request.app.state.jobs
+    return svc
+
+
+def _name_filter(value: str | None) -> str | None:
+    """A filter box's value: empty means no filter, and a name that cannot exist matches nothing."""
+    if not value:
+        return None
+    return value if spec_mod.DNS1123_LABEL.match(value) else "-"
+
+
+def _namespaces(request: Request, principal: identity.Principal) -> list[str]:
+    """Namespaces the caller may create clusters in."""
+    ids: identity.IdentityService = request.app.state.identities
+    return [ns.name for ns in ids.list_namespaces() if principal.is_admin or ns.team in principal.teams]
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, next: str = "/") -> Response:
+    """Public: the token login form. ``next`` must be a path on this server (no open redirect)."""
+    safe_next = next if next.startswith("/") and not next.startswith("//") and "\\" not in next else "/"
+    return _render(request, None, "login.html", next_url=safe_next)
+
+
+@router.get("/")
+def clusters_page(request: Request, namespace: FilterQuery = None) -> Response:
+    principal = _viewer(request)
+    namespace = _name_filter(namespace)
+    now = store.now()
+    rows = [views.ClusterRow.of(view, now) for view in _clusters(request).list(principal, namespace)]
+    return _render(
+        request,
+        principal,
+        "clusters.html",
+        ("clusters",),
+        rows=rows,
+        namespace=namespace or "",
+        namespaces=_namespaces(request, principal),
+    )
+
+
+@router.get("/new")
+def new_cluster_page(request: Request) -> Response:
+    principal = _viewer(request)
+    return _render(
+        request,
+        principal,
+        "new_cluster.html",
+        namespaces=_namespaces(request, principal),
+        ray_version=spec_mod.DEFAULT_RAY_VERSION,
+    )
+
+
+@router.get("/namespaces/{namespace}/clusters/{name}")
+def cluster_page(request: Request, namespace: NamePath, name: NamePath) -> Response:
+    principal = _viewer(request)
+    try:
+        view = _clusters(request).get(principal, namespace, name)
+        events = _clusters(request).events(principal, namespace, name, EVENTS_SHOWN)
+        cluster_jobs = _jobs(request).list(principal, namespace, name)
+    except errors.RaypodError as exc:
+        return _error_page(request, principal, exc)
+    return _render(
+        request,
+        principal,
+        "cluster.html",
+        ("summary", "nodes", "events", "jobs"),
+        view=view,
+        nodes=views.node_rows(view),
+        events=list(reversed(events)),
+        jobs=list(reversed(cluster_jobs)),
+        snippets=views.snippets(view),
+        manifest=yaml.safe_dump(manifests.raycluster(view.spec), sort_keys=False),
+        phase="Deleting" if view.deleting else view.status.phase.value,
+        now=store.now(),
+        age=views.age,
+    )
+
+
+@router.get("/namespaces/{namespace}/clusters/{name}/jobs/new")
+def new_job_page(request: Request, namespace: NamePath, name: NamePath) -> Response:
+    principal = _viewer(request)
+    try:
+        view = _clusters(request).get(principal, namespace, name)
+    except errors.RaypodError as exc:
+        return _error_page(request, principal, exc)
+    return _render(
+        request,
+        principal,
+        "new_job.html",
+        view=view,
+        default_runtime_env=views.pretty_json(view.spec.runtime_env),
+    )
+
+
+@router.get("/jobs/{job_id}")
+def job_page(
+    request: Request, job_id: JobIdPath, attempt: Annotated[int | None, Query(ge=1, le=100)] = None
+) -> Response:
+    principal = _viewer(request)
+    try:
+        job = _jobs(request).get(principal, job_id)
+    except errors.RaypodError as exc:
+        return _error_page(request, principal, exc)
+    shown = attempt if attempt is not None and attempt <= len(job.attempts) else len(job.attempts)
+    return _render(
+        request,
+        principal,
+        "job.html",
+        ("job_status",),
+        job=job,
+        shown=shown,
+        submission=job.attempts[shown - 1].submission_id if shown else "",
+        terminal=job.status in views.TERMINAL_JOB_STATES,
+        runtime_env=views.pretty_json(job.spec.runtime_env),
+        now=store.now(),
+        age=views.age,
+    )
+
+
+@router.get("/events")
+def events_page(
+    request: Request,
+    namespace: FilterQuery = None,
+    cluster: FilterQuery = None,
+    kind: Annotated[str | None, Query(alias="type", max_length=16)] = None,
+    text: Annotated[str | None, Query(max_length=200)] = None,
+) -> Response:
+    principal = _viewer(request)
+    namespace, cluster = _name_filter(namespace), _name_filter(cluster)
+    chosen_kind = state.EventType(kind) if kind in {t.value for t in state.EventType} else None
+    where = store.EventFilter(
+        namespaces=frozenset({namespace}) if namespace else None,
+        cluster=cluster or None,
+        type=chosen_kind,
+        text=text or None,
+    )
+    try:
+        found = _clusters(request).search_events(principal, where, limit=200)
+    except errors.RaypodError as exc:
+        return _error_page(request, principal, exc)
+    return _render(
+        request,
+        principal,
+        "events.html",
+        ("event_list",),
+        events=list(reversed(found)),
+        namespaces=_namespaces(request, principal),
+        filters={"namespace": namespace or "", "cluster": cluster or "", "type": kind or "", "text": text or ""},
+        event_types=[t.value for t in state.EventType],
+        show_cluster=True,
+    )
+
+
+class ManifestText(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    yaml: str = Field(max_length=1_000_000)
+
+
+@router.post("/ui/manifest")
+def form_to_manifest(caller: auth.Caller, spec: spec_mod.ClusterSpec) -> ManifestText:
+    """The RayCluster a create form describes, as YAML (the form's YAML tab)."""
+    del caller
+    return ManifestText(yaml=yaml.safe_dump(manifests.raycluster(spec), sort_keys=False))
+
+
+@router.post("/ui/spec")
+def manifest_to_form(caller: auth.Caller, body: ManifestText) -> dict[str, Any]:
+    """The ClusterSpec an edited RayCluster describes (back from the YAML tab to the form).
+
+    Raises:
+        InvalidSpec: not YAML, not a RayCluster, or a field raypod does not manage.
+    """
+    del caller
+    try:
+        document = yaml.safe_load(body.yaml)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise errors.InvalidSpec(f"the manifest is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    return manifests.spec_from_raycluster(document).model_dump(mode="json")

@@ -1,0 +1,543 @@
+// raypod console: live regions, forms that call the public API, and the job log stream.
+// No framework and no build step: every page works from this one file, served by raypod itself.
+"use strict";
+
+const csrf = () => document.querySelector('meta[name="csrf-token"]')?.content || "";
+
+function toLogin() {
+  const next = location.pathname + location.search;
+  location.assign("/login?next=" + encodeURIComponent(next));
+}
+
+// Calls the raypod API with the session cookie and the CSRF header; returns {ok, status, data}.
+async function api(method, url, body) {
+  const init = { method, credentials: "same-origin", headers: { "X-CSRF-Token": csrf() } };
+  if (body instanceof FormData) {
+    init.body = body;
+  } else if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  let response;
+  try {
+    response = await fetch(url, init);
+  } catch (error) {
+    return { ok: false, status: 0, data: { message: "the raypod server is not answering (" + error.message + ")" } };
+  }
+  if (response.status === 401 && !url.startsWith("/login")) {
+    toLogin();
+  }
+  let data = null;
+  const text = await response.text();
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch (_) {
+    data = { message: text.slice(0, 300) };
+  }
+  return { ok: response.ok, status: response.status, data };
+}
+
+// -- inline errors --------------------------------------------------------------------------------------
+
+function clearErrors(form) {
+  form.querySelectorAll(".field-error").forEach((el) => el.remove());
+  form.querySelectorAll("[aria-invalid]").forEach((el) => el.removeAttribute("aria-invalid"));
+  const box = form.querySelector("#form-error");
+  if (box) {
+    box.hidden = true;
+    box.textContent = "";
+  }
+}
+
+function showErrors(form, data) {
+  const box = form.querySelector("#form-error");
+  const message = (data && data.message) || "the request failed";
+  if (box) {
+    box.textContent = message;
+    box.hidden = false;
+  }
+  const problems = (data && Array.isArray(data.detail) && data.detail) || [];
+  let first = null;
+  for (const problem of problems) {
+    const field = findField(form, problem.field || "");
+    if (!field) continue;
+    const input = field.querySelector("input, select, textarea");
+    if (input) {
+      input.setAttribute("aria-invalid", "true");
+      first = first || input;
+    }
+    const note = document.createElement("small");
+    note.className = "field-error";
+    note.textContent = problem.problem;
+    field.appendChild(note);
+  }
+  (first || box)?.focus?.();
+}
+
+function findField(form, path) {
+  // "worker_groups.0.replicas" or "head.memory"; fall back to the closest enclosing field.
+  const parts = path.split(".");
+  while (parts.length) {
+    const field = form.querySelector(`[data-field="${CSS.escape(parts.join("."))}"]`);
+    if (field && !field.closest("[hidden]")) return field;
+    parts.pop();
+  }
+  return null;
+}
+
+// -- live regions ---------------------------------------------------------------------------------------
+
+function startRegions() {
+  const regions = [...document.querySelectorAll("[data-region][data-refresh]")];
+  if (!regions.length) return;
+  const interval = Math.min(...regions.map((el) => Number(el.dataset.refresh) || 2000));
+  let stopped = false;
+  const last = new Map(regions.map((el) => [el.dataset.region, el.innerHTML]));
+  async function tick() {
+    if (stopped || document.hidden) return;
+    const url = new URL(location.href);
+    url.searchParams.set("regions", "1");
+    let response;
+    try {
+      response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    } catch (_) {
+      return; // the server restarts or the network blips: try again next tick
+    }
+    if (response.status === 401) return toLogin();
+    if (response.status === 404 && document.body.dataset.page === "cluster") {
+      stopped = true;
+      const gone = document.getElementById("cluster-gone");
+      if (gone) gone.hidden = false;
+      document.querySelectorAll("[data-region] .badge[data-testid=phase]").forEach((el) => (el.textContent = "Deleted"));
+      return;
+    }
+    if (!response.ok) return;
+    const rendered = await response.json();
+    for (const el of regions) {
+      const html = rendered[el.dataset.region];
+      if (html !== undefined && html !== last.get(el.dataset.region)) {
+        el.innerHTML = html;
+        last.set(el.dataset.region, html);
+        el.dispatchEvent(new CustomEvent("region-updated", { bubbles: true }));
+      }
+    }
+  }
+  setInterval(tick, interval);
+  document.addEventListener("visibilitychange", tick);
+}
+
+// -- login / logout -------------------------------------------------------------------------------------
+
+function initLogin() {
+  const form = document.getElementById("login-form");
+  if (!form) return;
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const error = document.getElementById("login-error");
+    const token = form.token.value.trim();
+    if (!token) {
+      error.textContent = "Enter an API token.";
+      error.hidden = false;
+      form.token.setAttribute("aria-invalid", "true");
+      form.token.focus();
+      return;
+    }
+    const body = new URLSearchParams({ token });
+    const response = await fetch("/login", { method: "POST", body, credentials: "same-origin" });
+    if (response.ok) {
+      location.assign(form.dataset.next || "/");
+      return;
+    }
+    const data = await response.json().catch(() => ({}));
+    error.textContent =
+      response.status === 401
+        ? "Login failed: " + (data.message || "that token is not valid") + "."
+        : "Login failed: " + (data.message || response.statusText);
+    error.hidden = false;
+    form.token.setAttribute("aria-invalid", "true");
+    form.token.select();
+  });
+}
+
+function initLogout() {
+  document.querySelectorAll('[data-action="logout"]').forEach((button) =>
+    button.addEventListener("click", async () => {
+      await api("POST", "/logout");
+      location.assign("/login");
+    })
+  );
+}
+
+// -- new cluster: form <-> spec <-> RayCluster YAML -----------------------------------------------------------
+
+const NUMBER_KEYS = new Set(["cpus", "gpus", "replicas"]);
+
+function initNewCluster() {
+  const form = document.getElementById("cluster-form");
+  if (!form) return;
+  const groups = document.getElementById("worker-groups");
+  const template = document.getElementById("group-template");
+  let extra = {}; // spec fields the form does not show (labels, image, bounds...): kept, never dropped
+  let tab = "form";
+
+  function renumber() {
+    [...groups.children].forEach((fieldset, index) => {
+      fieldset.querySelector("legend").textContent = `Worker group ${index + 1}`;
+      fieldset.querySelectorAll("[data-field]").forEach((field) => {
+        field.dataset.field = field.dataset.field.replace(/^worker_groups\.(N|\d+)\./, `worker_groups.${index}.`);
+        const input = field.querySelector("input");
+        const label = field.querySelector("label");
+        input.id = `g${index}-${input.dataset.key}`;
+        label.htmlFor = input.id;
+      });
+    });
+  }
+
+  function addGroup(values) {
+    const fieldset = template.content.firstElementChild.cloneNode(true);
+    for (const input of fieldset.querySelectorAll("input[data-key]")) {
+      const value = values && values[input.dataset.key];
+      if (value !== undefined && value !== null) input.value = value;
+    }
+    if (!values && groups.children.length) {
+      fieldset.querySelector('[data-key="name"]').value = `workers-${groups.children.length + 1}`;
+    }
+    groups.appendChild(fieldset);
+    renumber();
+    return fieldset;
+  }
+
+  groups.addEventListener("click", (event) => {
+    if (event.target.matches('[data-action="remove-group"]')) {
+      event.target.closest("fieldset").remove();
+      renumber();
+    }
+  });
+  form.querySelector('[data-action="add-group"]').addEventListener("click", () => {
+    addGroup().querySelector("input").focus();
+  });
+  addGroup();
+
+  function number(value) {
+    return value === "" ? value : Number(value);
+  }
+
+  // Returns [spec, null] or [null, {message, detail}] for what the browser can already tell.
+  function formToSpec() {
+    const problems = [];
+    const env = {};
+    form.env.value.split("\n").forEach((line, index) => {
+      if (!line.trim()) return;
+      const at = line.indexOf("=");
+      if (at < 1) problems.push({ field: "env", problem: `line ${index + 1}: expected KEY=value` });
+      else env[line.slice(0, at).trim()] = line.slice(at + 1);
+    });
+    let runtimeEnv = {};
+    if (form.runtime_env.value.trim()) {
+      try {
+        runtimeEnv = JSON.parse(form.runtime_env.value);
+      } catch (error) {
+        problems.push({ field: "runtime_env", problem: "not valid JSON: " + error.message });
+      }
+    }
+    if (problems.length) return [null, { message: problems.map((p) => `${p.field}: ${p.problem}`).join("; "), detail: problems }];
+    const head = { ...(extra.head || {}) };
+    for (const key of ["cpus", "memory", "object_store_memory", "gpus"]) {
+      head[key] = NUMBER_KEYS.has(key) ? number(form[`head.${key}`].value) : form[`head.${key}`].value.trim();
+    }
+    const workerGroups = [...groups.children].map((fieldset, index) => {
+      const group = { ...((extra.worker_groups || [])[index] || {}) };
+      for (const input of fieldset.querySelectorAll("input[data-key]")) {
+        group[input.dataset.key] = NUMBER_KEYS.has(input.dataset.key) ? number(input.value) : input.value.trim();
+      }
+      return group;
+    });
+    const spec = {
+      ...extra,
+      name: form.name.value.trim(),
+      namespace: form.namespace.value,
+      ray_version: form.ray_version.value.trim(),
+      head,
+      worker_groups: workerGroups,
+      env,
+      runtime_env: runtimeEnv,
+    };
+    return [spec, null];
+  }
+
+  function specToForm(spec) {
+    const { name, namespace, ray_version, head, worker_groups, env, runtime_env, ...rest } = spec;
+    extra = { ...rest, head: { ...head }, worker_groups: (worker_groups || []).map((g) => ({ ...g })) };
+    form.name.value = name || "";
+    if (![...form.namespace.options].some((o) => o.value === namespace)) {
+      form.namespace.add(new Option(namespace, namespace));
+    }
+    form.namespace.value = namespace;
+    form.ray_version.value = ray_version || "";
+    for (const key of ["cpus", "memory", "object_store_memory", "gpus"]) form[`head.${key}`].value = head[key];
+    groups.replaceChildren();
+    for (const group of worker_groups || []) addGroup(group);
+    form.env.value = Object.entries(env || {}).map(([k, v]) => `${k}=${v}`).join("\n");
+    form.runtime_env.value = runtime_env && Object.keys(runtime_env).length ? JSON.stringify(runtime_env, null, 2) : "";
+  }
+
+  async function yamlToSpec() {
+    const result = await api("POST", "/ui/spec", { yaml: form.yaml.value });
+    if (!result.ok) {
+      const data = result.data || {};
+      return [null, { message: "The manifest was not accepted: " + (data.message || result.status), detail: [{ field: "manifest", problem: data.message || "" }] }];
+    }
+    return [result.data, null];
+  }
+
+  const tabs = { form: document.getElementById("tab-form"), yaml: document.getElementById("tab-yaml") };
+  const panels = { form: document.getElementById("panel-form"), yaml: document.getElementById("panel-yaml") };
+
+  function show(name) {
+    tab = name;
+    for (const key of Object.keys(tabs)) {
+      const selected = key === name;
+      tabs[key].setAttribute("aria-selected", String(selected));
+      tabs[key].tabIndex = selected ? 0 : -1;
+      panels[key].hidden = !selected;
+    }
+  }
+
+  async function switchTo(name) {
+    if (name === tab) return;
+    clearErrors(form);
+    if (name === "yaml") {
+      const [spec, problem] = formToSpec();
+      if (problem) return showErrors(form, problem);
+      const result = await api("POST", "/ui/manifest", spec);
+      if (!result.ok) return showErrors(form, result.data);
+      form.yaml.value = result.data.yaml;
+    } else {
+      const [spec, problem] = await yamlToSpec();
+      if (problem) return showErrors(form, problem);
+      specToForm(spec);
+    }
+    show(name);
+    tabs[name].focus();
+  }
+
+  for (const [name, button] of Object.entries(tabs)) {
+    button.addEventListener("click", () => switchTo(name));
+    button.addEventListener("keydown", (event) => {
+      if (event.key === "ArrowRight" || event.key === "ArrowLeft") {
+        event.preventDefault();
+        switchTo(name === "form" ? "yaml" : "form");
+      }
+    });
+  }
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    clearErrors(form);
+    const [spec, problem] = tab === "form" ? formToSpec() : await yamlToSpec();
+    if (problem) return showErrors(form, problem);
+    const button = form.querySelector('button[type="submit"]');
+    button.disabled = true;
+    const result = await api("POST", "/api/v1/clusters", spec);
+    button.disabled = false;
+    if (!result.ok) return showErrors(form, result.data);
+    location.assign(`/namespaces/${result.data.spec.namespace}/clusters/${result.data.spec.name}`);
+  });
+}
+
+// -- cluster page -----------------------------------------------------------------------------------------
+
+function clusterPath() {
+  const heading = document.querySelector(".heading[data-cluster]");
+  const [namespace, name] = heading.dataset.cluster.split("/");
+  return `/api/v1/namespaces/${namespace}/clusters/${name}`;
+}
+
+function initCluster() {
+  if (document.body.dataset.page !== "cluster") return;
+  const message = document.getElementById("scale-message");
+  document.querySelectorAll("form.scale").forEach((form) =>
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const input = form.querySelector("input");
+      const replicas = Number(input.value);
+      const result = await api("POST", clusterPath() + "/scale", { group: form.dataset.group, replicas });
+      if (result.ok) {
+        input.removeAttribute("aria-invalid");
+        message.className = "muted";
+        message.textContent = `Scaling group ${form.dataset.group} to ${replicas} workers.`;
+      } else {
+        input.setAttribute("aria-invalid", "true");
+        message.className = "error";
+        message.textContent = "Scale refused: " + ((result.data && result.data.message) || result.status);
+      }
+    })
+  );
+
+  const dialog = document.getElementById("delete-dialog");
+  const confirmInput = document.getElementById("delete-confirm");
+  const confirmButton = dialog.querySelector('[data-action="confirm-delete"]');
+  document.querySelector('[data-action="open-delete"]').addEventListener("click", () => {
+    confirmInput.value = "";
+    confirmButton.disabled = true;
+    dialog.showModal();
+    confirmInput.focus();
+  });
+  dialog.querySelector('[data-action="close-dialog"]').addEventListener("click", () => dialog.close());
+  confirmInput.addEventListener("input", () => {
+    confirmButton.disabled = confirmInput.value !== confirmInput.dataset.expect;
+  });
+  document.getElementById("delete-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (confirmInput.value !== confirmInput.dataset.expect) return;
+    const result = await api("DELETE", clusterPath());
+    if (!result.ok) {
+      const error = document.getElementById("delete-error");
+      error.textContent = "Delete refused: " + ((result.data && result.data.message) || result.status);
+      error.hidden = false;
+      return;
+    }
+    dialog.close();
+    document.querySelectorAll('[data-action="open-delete"]').forEach((b) => (b.disabled = true));
+  });
+}
+
+function initCopy() {
+  document.querySelectorAll("[data-copy]").forEach((button) =>
+    button.addEventListener("click", async () => {
+      const text = document.getElementById(button.dataset.copy).innerText;
+      try {
+        await navigator.clipboard.writeText(text);
+        button.textContent = "Copied";
+      } catch (_) {
+        const range = document.createRange();
+        range.selectNodeContents(document.getElementById(button.dataset.copy));
+        getSelection().removeAllRanges();
+        getSelection().addRange(range);
+        button.textContent = "Selected: press Ctrl+C";
+      }
+      setTimeout(() => (button.textContent = "Copy"), 2000);
+    })
+  );
+}
+
+function initAutosubmit() {
+  document.querySelectorAll("select[data-autosubmit]").forEach((select) =>
+    select.addEventListener("change", () => select.form.submit())
+  );
+}
+
+// -- jobs -------------------------------------------------------------------------------------------------
+
+function initNewJob() {
+  const form = document.getElementById("job-form");
+  if (!form) return;
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    clearErrors(form);
+    const base = `/api/v1/namespaces/${form.dataset.namespace}/clusters/${form.dataset.cluster}`;
+    let runtimeEnv = {};
+    if (form.runtime_env.value.trim()) {
+      try {
+        runtimeEnv = JSON.parse(form.runtime_env.value);
+      } catch (error) {
+        return showErrors(form, { message: "runtime_env is not valid JSON", detail: [{ field: "runtime_env", problem: error.message }] });
+      }
+    }
+    const button = form.querySelector('button[type="submit"]');
+    button.disabled = true;
+    try {
+      const files = form.working_dir.files;
+      if (files && files.length) {
+        const upload = new FormData();
+        for (const file of files) upload.append("files", file, file.webkitRelativePath || file.name);
+        const uploaded = await api("POST", `${base}/working-dirs`, upload);
+        if (!uploaded.ok) {
+          return showErrors(form, { ...uploaded.data, detail: [{ field: "working_dir", problem: (uploaded.data || {}).message || "upload failed" }] });
+        }
+        runtimeEnv = { ...runtimeEnv, working_dir: uploaded.data.uri };
+      }
+      const spec = {
+        entrypoint: form.entrypoint.value.trim(),
+        runtime_env: runtimeEnv,
+        max_retries: Number(form.max_retries.value || 0),
+        backoff_s: Number(form.backoff_s.value || 0),
+      };
+      const result = await api("POST", `${base}/jobs`, spec);
+      if (!result.ok) return showErrors(form, result.data);
+      location.assign(`/jobs/${result.data.id}`);
+    } finally {
+      button.disabled = false;
+    }
+  });
+}
+
+function initJob() {
+  const log = document.getElementById("job-log");
+  if (!log) return;
+  const state = document.getElementById("log-state");
+  const message = document.getElementById("job-message");
+  let socket = null;
+  let finished = false;
+
+  function terminal() {
+    return document.querySelector("[data-terminal]")?.dataset.terminal === "true";
+  }
+
+  function connect() {
+    const submission = log.dataset.submission;
+    if (!submission) {
+      state.textContent = "Waiting for the first attempt to start…";
+      return setTimeout(() => location.reload(), 2000);
+    }
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const url = `${scheme}://${location.host}/clusters/${log.dataset.namespace}/${log.dataset.cluster}/api/jobs/${submission}/logs/tail`;
+    log.textContent = ""; // Ray's tail starts from the first line on every connection
+    socket = new WebSocket(url);
+    state.textContent = "Streaming logs…";
+    socket.onmessage = (event) => {
+      const follow = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+      log.append(event.data);
+      if (follow) log.scrollTop = log.scrollHeight;
+    };
+    socket.onclose = (event) => {
+      if (finished) return;
+      if (event.code === 4401) return toLogin();
+      if (terminal() || event.code === 1000) {
+        finished = true;
+        state.textContent = "End of log.";
+        return;
+      }
+      state.textContent = "Log stream interrupted; reconnecting…";
+      setTimeout(connect, 1500);
+    };
+  }
+  connect();
+
+  document.addEventListener("region-updated", () => {
+    const attempts = Number(document.querySelector("[data-attempts]")?.dataset.attempts || 0);
+    const stop = document.querySelector('[data-action="stop-job"]');
+    if (stop) stop.disabled = terminal();
+    if (!new URL(location.href).searchParams.get("attempt") && attempts > Number(log.dataset.attempt || 0)) {
+      location.reload(); // a retry started: follow the newest attempt
+    }
+  });
+
+  document.querySelector('[data-action="stop-job"]')?.addEventListener("click", async (event) => {
+    const result = await api("POST", `/api/v1/jobs/${event.target.dataset.job}/stop`);
+    message.className = result.ok ? "muted" : "error";
+    message.textContent = result.ok ? "Stop requested." : "Stop refused: " + ((result.data && result.data.message) || result.status);
+  });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  initLogin();
+  initLogout();
+  initAutosubmit();
+  initNewCluster();
+  initCluster();
+  initCopy();
+  initNewJob();
+  initJob();
+  startRegions();
+});
