@@ -1,7 +1,12 @@
 from __future__ import annotations
 
+import io
+import zipfile
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from raypod import errors
 from raypod.controlplane import jobs
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -40,3 +45,33 @@ def test_stopped_jobs_are_never_retried() -> None:
 
 def test_success_ends_the_job() -> None:
     assert jobs.decide(job(2), "SUCCEEDED", NOW) == (jobs.Decision.SUCCEED, None)
+
+
+def test_a_picked_folder_becomes_a_deterministic_zip_of_its_contents() -> None:
+    files = [("project/b/data.txt", b"bee"), ("project/a.py", b"print('a')")]
+    package = jobs.build_package(files)
+    assert package == jobs.build_package(list(reversed(files)))
+    with zipfile.ZipFile(io.BytesIO(package)) as archive:
+        assert archive.namelist() == ["a.py", "b/data.txt"]
+        assert archive.read("b/data.txt") == b"bee"
+
+
+def test_files_without_a_shared_folder_keep_their_paths() -> None:
+    package = jobs.build_package([("a.py", b"1"), ("lib/b.py", b"2")])
+    with zipfile.ZipFile(io.BytesIO(package)) as archive:
+        assert archive.namelist() == ["a.py", "lib/b.py"]
+
+
+@pytest.mark.parametrize(
+    "name", ["/etc/passwd", "../up.py", "dir/../../up.py", "a/../b.py", "", "..", "C:\\\\x\\\\..\\\\..\\\\y"]
+)
+def test_unsafe_upload_paths_are_refused(name: str) -> None:
+    with pytest.raises(errors.InvalidSpec, match="unsafe file path"):
+        jobs.build_package([(name, b"x"), ("ok.py", b"y")])
+
+
+def test_empty_and_oversized_uploads_are_refused() -> None:
+    with pytest.raises(errors.InvalidSpec, match="no files"):
+        jobs.build_package([])
+    with pytest.raises(errors.InvalidSpec, match="MiB"):
+        jobs.build_package([("big.bin", b"\0" * (jobs.MAX_WORKING_DIR_BYTES + 1))])

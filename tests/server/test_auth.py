@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi.routing import APIWebSocketRoute, iter_route_contexts
 from fastapi.testclient import TestClient
+from starlette.routing import Mount
 from starlette.websockets import WebSocketDisconnect
 
 from raypod import config
@@ -23,10 +24,20 @@ PUBLIC = {
     ("GET", "/healthz"),
     ("GET", "/login"),
     ("POST", "/login"),
+    ("GET", "/static"),  # the console's own CSS and JS, which the login page needs
     ("GET", "/openapi.json"),
     ("GET", "/docs"),
     ("GET", "/docs/oauth2-redirect"),
     ("GET", "/redoc"),
+}
+# Console pages send a browser without a session to the login page instead of answering 401.
+CONSOLE_PAGES = {
+    "/",
+    "/new",
+    "/events",
+    "/namespaces/{namespace}/clusters/{name}",
+    "/namespaces/{namespace}/clusters/{name}/jobs/new",
+    "/jobs/{job_id}",
 }
 PARAMS = {
     "namespace": "default",
@@ -57,7 +68,7 @@ def test_every_route_answers_401_without_credentials_except_the_public_ones(
     app_and_admin: tuple[TestClient, str],
 ) -> None:
     client, _ = app_and_admin
-    checked, public = 0, set()
+    checked, public, pages = 0, set(), set()
     # FastAPI keeps included routers lazily: iter_route_contexts lists every route with its full path.
     for route in iter_route_contexts(client.app.routes):  # type: ignore[attr-defined]
         assert route.path is not None
@@ -67,8 +78,18 @@ def test_every_route_answers_401_without_credentials_except_the_public_ones(
             assert closed.value.code == 4401
             checked += 1
             continue
+        if isinstance(route.original_route, Mount):
+            assert client.get(f"{route.path}/console.js").status_code == 200
+            public.add(("GET", route.path))
+            continue
         for method in sorted((route.methods or set()) - {"HEAD"}):
-            response = client.request(method, fill(route.path))
+            response = client.request(method, fill(route.path), follow_redirects=False)
+            if method == "GET" and route.path in CONSOLE_PAGES:
+                pages.add(route.path)
+                assert response.status_code == 303, route.path
+                assert response.headers["location"].startswith("/login?next=/"), route.path
+                assert client.get(fill(route.path) + "?regions=1").status_code == 401, route.path
+                continue
             if (method, route.path) in PUBLIC:
                 public.add((method, route.path))
                 assert response.status_code != 401, (method, route.path)
@@ -77,6 +98,7 @@ def test_every_route_answers_401_without_credentials_except_the_public_ones(
             assert response.status_code == 401, (method, route.path, response.status_code, response.text[:200])
             assert response.json()["code"] == "unauthenticated"
     assert public == PUBLIC
+    assert pages == CONSOLE_PAGES
     assert checked > 30
 
 
@@ -171,6 +193,21 @@ def test_browser_session_needs_csrf_for_changes(app_and_admin: tuple[TestClient,
     assert refused.status_code == 403 and "csrf" in refused.json()["message"].lower()
     assert client.post("/api/v1/clusters", json=body, headers={"X-CSRF-Token": "wrong"}).status_code == 403
     assert client.post("/api/v1/clusters", json=body, headers={"X-CSRF-Token": csrf}).status_code == 202
+    # A session's websocket (the console's log view) must come from the console's own origin.
+    other_site = {"Origin": "https://evil.example"}
+    with (
+        pytest.raises(WebSocketDisconnect) as closed,
+        client.websocket_connect("/clusters/default/web/api/jobs/x/logs/tail", headers=other_site) as ws,
+    ):
+        ws.receive_text()
+    assert closed.value.code == 4403 and "cross-origin" in closed.value.reason
+    same_site = {"Origin": "http://testserver"}
+    with (
+        pytest.raises(WebSocketDisconnect) as closed,
+        client.websocket_connect("/clusters/default/web/api/jobs/x/logs/tail", headers=same_site) as ws,
+    ):
+        ws.receive_text()
+    assert "cross-origin" not in closed.value.reason  # past the origin check (the fake cluster has no dashboard)
     assert client.post("/logout", headers={"X-CSRF-Token": csrf}).status_code == 200
     client.cookies.clear()
     assert client.get("/api/v1/whoami").status_code == 401

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import aiohttp
 import websockets
@@ -175,6 +176,10 @@ async def proxy(request: Request) -> Response:
 async def proxy_websocket(websocket: WebSocket, namespace: str, name: str, path: str) -> None:
     """Forward a websocket (``ray job logs --follow`` tails logs through one)."""
     state = websocket.app.state
+    if not websocket.headers.get("authorization") and not _same_origin(websocket):
+        # Browsers send cookies on cross-site websocket handshakes; only the console's own pages may use them.
+        await websocket.close(code=4403, reason="cross-origin websocket refused")
+        return
     try:
         principal = await run_in_threadpool(
             auth.authenticate_websocket,
@@ -199,6 +204,13 @@ async def proxy_websocket(websocket: WebSocket, namespace: str, name: str, path:
             await _pump(websocket, upstream)
     except (OSError, websockets.InvalidHandshake):
         await websocket.close(code=1011, reason="cluster dashboard is not answering")
+
+
+def _same_origin(websocket: WebSocket) -> bool:
+    origin = websocket.headers.get("origin")
+    if origin is None:
+        return True  # not a browser: a cookie here was put there on purpose
+    return urlsplit(origin).netloc == websocket.headers.get("host")
 
 
 async def _pump(client: WebSocket, upstream: websockets.ClientConnection) -> None:

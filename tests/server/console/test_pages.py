@@ -1,0 +1,205 @@
+"""Console pages in-process (fake backend, no Ray, no browser): login redirects, what each page shows, live
+regions, the form/YAML conversions, escaping and headers, and who sees what."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from raypod import config
+from raypod.backends.fake import FakeBackend
+from raypod.server.app import create_app
+
+DEMO = {"name": "demo", "worker_groups": [{"name": "cpu", "replicas": 2}], "env": {"NOTE": "<script>alert(1)</script>"}}
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    settings = config.Settings(home=tmp_path, reconcile_interval_s=0.05, tls=False)
+    with TestClient(create_app(settings, backend=FakeBackend()), raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def admin(tmp_path: Path, client: TestClient) -> dict[str, str]:
+    return {"Authorization": f"Bearer {json.loads((tmp_path / 'credentials').read_text())['token']}"}
+
+
+def make_user(client: TestClient, admin: dict[str, str], name: str, team: str) -> dict[str, str]:
+    if client.post("/api/v1/teams", json={"name": team}, headers=admin).status_code == 201:
+        client.post("/api/v1/namespaces", json={"name": team, "team": team}, headers=admin).raise_for_status()
+    client.post("/api/v1/users", json={"name": name, "team": team}, headers=admin).raise_for_status()
+    token = client.post("/api/v1/tokens", json={"user": name}, headers=admin).json()["token"]
+    return {"Authorization": f"Bearer {token}"}
+
+
+def wait_ready(client: TestClient, headers: dict[str, str], namespace: str, name: str) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        view = client.get(f"/api/v1/namespaces/{namespace}/clusters/{name}", headers=headers).json()
+        if view["status"]["phase"] == "Ready":
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{namespace}/{name} never became Ready")
+
+
+def test_pages_send_a_browser_to_login_and_back(client: TestClient) -> None:
+    response = client.get("/events?type=Warning", follow_redirects=False)
+    assert response.status_code == 303
+    assert response.headers["location"] == "/login?next=/events%3Ftype%3DWarning"
+    login = client.get(response.headers["location"])
+    assert 'data-next="/events?type=Warning"' in login.text
+
+
+@pytest.mark.parametrize("target", ["//evil.example/", "https://evil.example/", "/\\evil.example", "javascript:x"])
+def test_login_never_redirects_off_the_server(client: TestClient, target: str) -> None:
+    assert 'data-next="/"' in client.get("/login", params={"next": target}).text
+
+
+def test_a_session_logs_in_and_out(client: TestClient, admin: dict[str, str]) -> None:
+    token = admin["Authorization"].split()[1]
+    login = client.post("/login", data={"token": token})
+    assert login.status_code == 200
+    page = client.get("/")
+    assert page.status_code == 200
+    csrf = re.search(r'name="csrf-token" content="([^"]+)"', page.text)
+    assert csrf and csrf.group(1) == login.json()["csrf_token"]
+    assert client.post("/logout").status_code == 403  # no CSRF header
+    assert client.post("/logout", headers={"X-CSRF-Token": csrf.group(1)}).status_code == 200
+    assert client.get("/", follow_redirects=False).status_code == 303
+
+
+def test_clusters_page_lists_clusters_and_refreshes_its_region(client: TestClient, admin: dict[str, str]) -> None:
+    assert "No clusters yet" in client.get("/", headers=admin).text
+    client.post("/api/v1/clusters", json=DEMO, headers=admin).raise_for_status()
+    wait_ready(client, admin, "default", "demo")
+    page = client.get("/", headers=admin)
+    row = re.search(r'<tr data-cluster="default/demo">(.*?)</tr>', page.text, re.S)
+    assert row, page.text
+    cells = [re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td.*?>(.*?)</td>", row.group(1), re.S)]
+    assert cells[:5] == ["demo", "default", "admin", "Ready", "3 / 3"]
+    assert re.fullmatch(r"\d+s", cells[5])
+    regions = client.get("/?regions=1", headers=admin)
+    assert regions.headers["content-type"] == "application/json"
+    assert list(regions.json()) == ["clusters"]
+    assert 'data-cluster="default/demo"' in regions.json()["clusters"]
+
+
+def test_cluster_page_shows_nodes_snippets_manifest_and_escapes_user_text(
+    client: TestClient, admin: dict[str, str]
+) -> None:
+    client.post("/api/v1/clusters", json=DEMO, headers=admin).raise_for_status()
+    wait_ready(client, admin, "default", "demo")
+    page = client.get("/namespaces/default/clusters/demo", headers=admin)
+    assert page.status_code == 200
+    assert "<script>alert(1)</script>" not in page.text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
+    for node in ("head", "cpu-0", "cpu-1"):
+        assert f'<tr data-node="{node}">' in page.text
+    assert "ray job submit --address raypod://demo --working-dir ." in page.text
+    assert 'JobSubmissionClient("raypod://demo")' in html.unescape(page.text)
+    assert 'href="/clusters/default/demo/"' in page.text
+    manifest = re.search(r'data-testid="manifest"><code>(.*?)</code>', page.text, re.S)
+    assert manifest and yaml.safe_load(html.unescape(manifest.group(1)))["kind"] == "RayCluster"
+    assert "CreatedHead" in page.text
+    regions = client.get("/namespaces/default/clusters/demo?regions=1", headers=admin).json()
+    assert set(regions) == {"summary", "nodes", "events", "jobs"}
+    assert "3 / 3" in regions["summary"]
+
+
+def test_console_pages_carry_a_strict_content_security_policy(client: TestClient, admin: dict[str, str]) -> None:
+    for path in ("/login", "/", "/new", "/events"):
+        response = client.get(path, headers=admin)
+        policy = response.headers["content-security-policy"]
+        assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy, path
+        assert "<script>" not in response.text, f"{path} has an inline script"
+
+
+def test_unknown_pages_render_an_error_page_not_a_traceback(client: TestClient, admin: dict[str, str]) -> None:
+    page = client.get("/namespaces/default/clusters/nope", headers=admin)
+    assert page.status_code == 404
+    assert "text/html" in page.headers["content-type"]
+    assert "cluster" in page.text and "nope" in page.text and "Traceback" not in page.text
+    assert client.get("/namespaces/default/clusters/nope?regions=1", headers=admin).json()["code"] == "not_found"
+    assert client.get("/jobs/rj-0123456789", headers=admin).status_code == 404
+
+
+def test_form_and_manifest_convert_both_ways(client: TestClient, admin: dict[str, str]) -> None:
+    spec = {"name": "x", "head": {"memory": "2Gi"}, "worker_groups": [{"name": "g", "replicas": 2}]}
+    manifest = client.post("/ui/manifest", json=spec, headers=admin)
+    assert manifest.status_code == 200
+    text = manifest.json()["yaml"]
+    assert yaml.safe_load(text)["spec"]["workerGroupSpecs"][0]["replicas"] == 2
+    resized = re.sub(r"(?i)(replicas): 2", r"\1: 3", text)
+    back = client.post("/ui/spec", json={"yaml": resized}, headers=admin)
+    assert back.status_code == 200, back.text
+    assert back.json()["head"]["memory"] == "2Gi"
+    group = back.json()["worker_groups"][0]
+    assert (group["replicas"], group["min_replicas"], group["max_replicas"]) == (3, None, None)
+    out_of_bounds = client.post("/ui/spec", json={"yaml": text.replace(" replicas: 2", " replicas: 3")}, headers=admin)
+    assert out_of_bounds.status_code == 422
+    assert "replicas 3 outside [2, 2]" in out_of_bounds.json()["message"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("kind: [RayCluster", "not valid YAML at line 1"),
+        ("kind: Pod", "expected apiVersion ray.io/v1 and kind RayCluster"),
+        ("- a list", "expected a mapping"),
+    ],
+)
+def test_bad_manifests_get_a_clear_422(client: TestClient, admin: dict[str, str], text: str, message: str) -> None:
+    response = client.post("/ui/spec", json={"yaml": text}, headers=admin)
+    assert response.status_code == 422
+    assert message in response.json()["message"]
+
+
+def test_invalid_form_spec_names_the_field(client: TestClient, admin: dict[str, str]) -> None:
+    response = client.post("/ui/manifest", json={"name": "Bad_Name", "head": {"memory": "lots"}}, headers=admin)
+    assert response.status_code == 422
+    fields = {problem["field"] for problem in response.json()["detail"]}
+    assert fields == {"name", "head.memory"}
+
+
+def test_events_page_filters_and_shows_only_visible_namespaces(client: TestClient, admin: dict[str, str]) -> None:
+    bob = make_user(client, admin, "bob", "research")
+    client.post("/api/v1/clusters", json=DEMO, headers=admin).raise_for_status()
+    client.post("/api/v1/clusters", json={"name": "mine", "namespace": "research"}, headers=bob).raise_for_status()
+    wait_ready(client, admin, "default", "demo")
+    wait_ready(client, admin, "research", "mine")
+
+    def shown(headers: dict[str, str], query: str) -> list[str]:
+        page = client.get(f"/events?{query}", headers=headers)
+        assert page.status_code == 200, page.text
+        return re.findall(r'href="/namespaces/([^"]+)"', page.text.split('data-region="event_list"')[1])
+
+    assert {link.split("/clusters/")[0] for link in shown(admin, "")} == {"default", "research"}
+    assert set(shown(bob, "")) == {"research/clusters/mine"}
+    assert set(shown(admin, "namespace=research")) == {"research/clusters/mine"}
+    assert set(shown(admin, "cluster=demo&text=cpu-1")) == {"default/clusters/demo"}
+    assert shown(admin, "type=Warning") == []
+    assert shown(admin, "namespace=&cluster=&type=&text=") != []  # an empty filter box filters nothing
+    assert shown(admin, "cluster=No_Such") == []
+    assert client.get("/events?namespace=default", headers=bob).status_code == 403
+    # Bob sees only his team's clusters in the list, and only his namespace in the create form.
+    assert 'data-cluster="default/demo"' not in client.get("/", headers=bob).text
+    assert re.findall(r'<option value="([^"]+)"', client.get("/new", headers=bob).text) == ["research"]
+
+
+def test_events_api_searches_across_clusters(client: TestClient, admin: dict[str, str]) -> None:
+    client.post("/api/v1/clusters", json=DEMO, headers=admin).raise_for_status()
+    wait_ready(client, admin, "default", "demo")
+    found = client.get("/api/v1/events", params={"text": "100%_"}, headers=admin)
+    assert found.status_code == 200 and found.json() == []  # LIKE wildcards are literal
+    created = client.get("/api/v1/events", params={"text": "created", "limit": 2}, headers=admin).json()
+    assert len(created) == 2 and all("created" in (e["reason"] + e["message"]).lower() for e in created)
+    assert client.get("/api/v1/events", params={"type": "Nope"}, headers=admin).status_code == 422
