@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 import tempfile
@@ -23,23 +22,13 @@ from pathlib import Path
 
 import httpx
 import uvicorn
+from _common import free_port, percentile
 
 from raypod import config, state
 from raypod.backends import base
 from raypod.backends.fake import FakeBackend
 from raypod.controlplane import store
 from raypod.server.app import create_app
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def fill(client: httpx.Client, app_state: object, clusters: int, events: int) -> None:

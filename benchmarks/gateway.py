@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import ssl
 import statistics
 import subprocess
@@ -23,17 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+from _common import free_port, percentile
 
 
 def round_trip(client: httpx.Client, base: str) -> float:

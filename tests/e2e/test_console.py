@@ -21,11 +21,14 @@ CHROMIUM = os.environ.get("RAYPOD_TEST_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(os.environ.get("RAYPOD_TEST_ARTIFACTS", REPO / "test-artifacts")) / "console"
 CLUSTER = "console-demo"
 
+# CI sets RAYPOD_REQUIRE_BROWSER=1, so a missing browser fails there instead of skipping.
+BROWSER_MISSING = not Path(CHROMIUM).exists() and not os.environ.get("RAYPOD_REQUIRE_BROWSER")
+
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.browser,
     pytest.mark.timeout(900),
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} is not installed (apt-get install chromium)"),
+    pytest.mark.skipif(BROWSER_MISSING, reason=f"{CHROMIUM} is not installed (apt-get install chromium)"),
 ]
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
@@ -187,9 +190,23 @@ def test_console_journey(page: playwright_sync.Page, raypod_server: RaypodServer
     expect(page.get_by_role("button", name="Stop job")).to_be_disabled()
     shot("job-succeeded")
 
+    # A long job, stopped from its page: never retried.
+    page.get_by_role("link", name=f"default/{CLUSTER}").click()
+    page.get_by_role("link", name="Submit job").click()
+    page.get_by_label("Entrypoint").fill("python -c \"import time; print('sleeping', flush=True); time.sleep(600)\"")
+    page.get_by_label("Retries after a failure").fill("2")
+    page.get_by_role("button", name="Submit job").click()
+    expect(page.get_by_test_id("log")).to_contain_text("sleeping", timeout=60_000)
+    page.get_by_role("button", name="Stop job").click()
+    expect(page.locator("#job-message")).to_have_text("Stop requested.")
+    expect(page.get_by_test_id("job-status")).to_have_text("STOPPED", timeout=60_000)
+    expect(page.get_by_role("button", name="Stop job")).to_be_disabled()
+    shot("job-stopped")
+
     # Scale the worker group from the cluster page; the new node shows up live.
     page.get_by_role("link", name=f"default/{CLUSTER}").click()
     expect(page.get_by_test_id("jobs-table")).to_contain_text("SUCCEEDED")
+    expect(page.get_by_test_id("jobs-table")).to_contain_text("STOPPED")
     page.get_by_label("Workers in group workers").fill("2")
     page.get_by_role("button", name="Scale").click()
     expect(page.locator("#scale-message")).to_contain_text("Scaling group workers to 2")

@@ -3,6 +3,7 @@ form/manifest conversions the create form uses."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -11,6 +12,7 @@ import jinja2
 import yaml
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -46,8 +48,6 @@ EVENTS_SHOWN = 100
 # Filter boxes may be left empty or hold anything typed; pages answer with what matches, not a 422.
 FilterQuery = Annotated[str | None, Query(max_length=63)]
 
-router = APIRouter(include_in_schema=False)
-
 
 class LoginRequired(Exception):
     """A page was asked for without credentials: send the browser to the login page, then back."""
@@ -70,12 +70,14 @@ def _viewer(request: Request) -> identity.Principal:
     """The caller of a page. A page request without credentials goes to the login page; a region request
     (from the page script) gets a 401 it can act on."""
     try:
-        return auth.authenticate(request)
+        principal = auth.authenticate(request)
     except errors.Unauthenticated:
         if request.query_params.get("regions"):
             raise
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         raise LoginRequired(target) from None
+    request.state.principal = principal
+    return principal
 
 
 def _render(
@@ -100,10 +102,26 @@ def _render(
     return HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
 
 
-def _error_page(request: Request, principal: identity.Principal, exc: errors.RaypodError) -> Response:
-    if request.query_params.get("regions"):
-        return JSONResponse(exc.to_dict(), status_code=exc.http_status)
-    return _render(request, principal, "error.html", status_code=exc.http_status, message=exc.message)
+class _PageRoute(APIRoute):
+    """A page whose service call fails (unknown cluster, no access) renders the error page instead of JSON;
+    its regions answer JSON, which the page script acts on."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def page_or_error(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except errors.RaypodError as exc:
+                principal = getattr(request.state, "principal", None)
+                if principal is None or request.method != "GET" or request.query_params.get("regions"):
+                    raise
+                return _render(request, principal, "error.html", status_code=exc.http_status, message=exc.message)
+
+        return page_or_error
+
+
+router = APIRouter(include_in_schema=False, route_class=_PageRoute)
 
 
 def _clusters(request: Request) -> service.ClusterService:
@@ -168,12 +186,9 @@ def new_cluster_page(request: Request) -> Response:
 @router.get("/namespaces/{namespace}/clusters/{name}")
 def cluster_page(request: Request, namespace: NamePath, name: NamePath) -> Response:
     principal = _viewer(request)
-    try:
-        view = _clusters(request).get(principal, namespace, name)
-        events = _clusters(request).events(principal, namespace, name, EVENTS_SHOWN)
-        cluster_jobs = _jobs(request).list(principal, namespace, name)
-    except errors.RaypodError as exc:
-        return _error_page(request, principal, exc)
+    view = _clusters(request).get(principal, namespace, name)
+    events = _clusters(request).events(principal, namespace, name, EVENTS_SHOWN)
+    cluster_jobs = _jobs(request).list(principal, namespace, name)
     return _render(
         request,
         principal,
@@ -194,10 +209,7 @@ def cluster_page(request: Request, namespace: NamePath, name: NamePath) -> Respo
 @router.get("/namespaces/{namespace}/clusters/{name}/jobs/new")
 def new_job_page(request: Request, namespace: NamePath, name: NamePath) -> Response:
     principal = _viewer(request)
-    try:
-        view = _clusters(request).get(principal, namespace, name)
-    except errors.RaypodError as exc:
-        return _error_page(request, principal, exc)
+    view = _clusters(request).get(principal, namespace, name)
     return _render(
         request,
         principal,
@@ -212,10 +224,7 @@ def job_page(
     request: Request, job_id: JobIdPath, attempt: Annotated[int | None, Query(ge=1, le=100)] = None
 ) -> Response:
     principal = _viewer(request)
-    try:
-        job = _jobs(request).get(principal, job_id)
-    except errors.RaypodError as exc:
-        return _error_page(request, principal, exc)
+    job = _jobs(request).get(principal, job_id)
     shown = attempt if attempt is not None and attempt <= len(job.attempts) else len(job.attempts)
     return _render(
         request,
@@ -249,10 +258,7 @@ def events_page(
         type=chosen_kind,
         text=text or None,
     )
-    try:
-        found = _clusters(request).search_events(principal, where, limit=200)
-    except errors.RaypodError as exc:
-        return _error_page(request, principal, exc)
+    found = _clusters(request).search_events(principal, where, limit=200)
     return _render(
         request,
         principal,
