@@ -81,3 +81,40 @@ class Settings:
     @property
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.home / 'raypod.db'}"
+
+
+def monitoring_dir(home: Path) -> Path:
+    return home / "monitoring"
+
+
+@dataclass(frozen=True)
+class MonitoringEndpoints:
+    """Where Prometheus (and, optionally, Grafana) answer, written by ``raypod monitoring up``; the environment
+    (``RAYPOD_PROMETHEUS_URL``, ``RAYPOD_GRAFANA_URL``) overrides the file."""
+
+    prometheus_url: str | None = None
+    grafana_url: str | None = None
+
+    @classmethod
+    def read(cls, home: Path) -> MonitoringEndpoints:
+        try:
+            data = json.loads((monitoring_dir(home) / "endpoints.json").read_text())
+        except (OSError, ValueError):
+            data = {}
+        if not isinstance(data, dict):
+            data = {}
+        return cls(
+            prometheus_url=os.environ.get("RAYPOD_PROMETHEUS_URL") or data.get("prometheus_url") or None,
+            grafana_url=os.environ.get("RAYPOD_GRAFANA_URL") or data.get("grafana_url") or None,
+        )
+
+    def ray_dashboard_env(self) -> dict[str, str]:
+        """The variables that make a Ray head's dashboard draw its metrics views from this Prometheus/Grafana."""
+        env: dict[str, str] = {}
+        if self.prometheus_url:
+            env["RAY_PROMETHEUS_HOST"] = self.prometheus_url
+            env["RAY_PROMETHEUS_NAME"] = "Prometheus"
+        if self.grafana_url:
+            env["RAY_GRAFANA_HOST"] = self.grafana_url
+            env["RAY_GRAFANA_IFRAME_HOST"] = self.grafana_url
+        return env

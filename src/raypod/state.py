@@ -44,6 +44,7 @@ class ObservedNode:
     ray_node_id: str | None = None
     drain_deadline: float | None = None
     reason: str = ""
+    metrics_endpoint: str | None = None  # host:port of the node's Prometheus exporter
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class NodeStatus(BaseModel):
     pid: int | None = None
     ray_node_id: str | None = None
     reason: str = ""
+    metrics_endpoint: str | None = None
 
 
 class ClusterStatus(BaseModel):

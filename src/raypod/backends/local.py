@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 
-from raypod import errors, state
+from raypod import config, errors, state
 from raypod import spec as spec_mod
 from raypod.backends import _ports, base
 
@@ -84,6 +84,7 @@ class LocalBackend:
     """Runs Ray nodes as local process trees; several clusters coexist without port clashes."""
 
     def __init__(self, home: Path, *, fast_health_checks: bool = True) -> None:
+        self.home = home
         self.root = home / "local"
         self.root.mkdir(parents=True, exist_ok=True)
         self.fast_health_checks = fast_health_checks
@@ -131,8 +132,8 @@ class LocalBackend:
             stray_nodes=frozenset(name for name in processes if name not in records),
         )
 
-    def _ray_nodes(self, cluster_id: str, cluster: _ClusterRecord) -> dict[str, tuple[str, bool]]:
-        """Map incarnation -> (Ray node id, alive) from the GCS node table; empty while the GCS is not up."""
+    def _ray_nodes(self, cluster_id: str, cluster: _ClusterRecord) -> dict[str, _RayNode]:
+        """Map incarnation -> what the GCS node table says of it; empty while the GCS is not up."""
         if not _ports.is_listening(cluster.gcs_port):
             return {}
         try:
@@ -141,11 +142,15 @@ class LocalBackend:
         except Exception:
             self._gcs_clients.pop(cluster_id, None)
             return {}
-        found: dict[str, tuple[str, bool]] = {}
+        found: dict[str, _RayNode] = {}
         for node_id, info in table.items():
             incarnation = dict(info.labels).get(INCARNATION_LABEL)
             if incarnation:
-                found[incarnation] = (node_id.hex(), info.state == 0)
+                found[incarnation] = _RayNode(
+                    node_id=node_id.hex(),
+                    alive=info.state == 0,
+                    metrics_endpoint=f"{info.node_manager_address}:{info.metrics_export_port}",
+                )
         return found
 
     def _gcs_client(self, cluster_id: str, port: int) -> Any:
@@ -294,6 +299,8 @@ class LocalBackend:
         env.update(ray_auth_environment(self._ray_token))
         if self.fast_health_checks and node.is_head:
             env.update(FAST_HEALTH_CHECKS)
+        if node.is_head:
+            env.update(config.MonitoringEndpoints.read(self.home).ray_dashboard_env())
         env[CLUSTER_MARKER] = cluster_id
         env[NODE_MARKER] = node.name
         env["RAY_NODE_TYPE_NAME"] = node.group  # becomes Ray's ray.io/node-group label, as on KubeRay
@@ -376,14 +383,21 @@ def _ray_auth_token(root: Path) -> str:
         return token
 
 
-def _observe_node(record: _NodeRecord, ray_nodes: dict[str, tuple[str, bool]]) -> state.ObservedNode:
+@dataclass(frozen=True)
+class _RayNode:
+    node_id: str
+    alive: bool
+    metrics_endpoint: str
+
+
+def _observe_node(record: _NodeRecord, ray_nodes: dict[str, _RayNode]) -> state.ObservedNode:
     ray_node = ray_nodes.get(record.incarnation)
-    ray_node_id = ray_node[0] if ray_node else None
+    ray_node_id = ray_node.node_id if ray_node else None
     if not _is_alive(record):
         phase, reason = state.NodePhase.DEAD, "node process exited"
     elif ray_node is None:
         phase, reason = state.NodePhase.STARTING, "waiting for the node to register with the GCS"
-    elif not ray_node[1]:
+    elif not ray_node.alive:
         phase, reason = state.NodePhase.DEAD, "the GCS marked the node dead"
     elif record.drain_deadline is not None:
         phase, reason = state.NodePhase.DRAINING, "draining before removal"
@@ -399,6 +413,7 @@ def _observe_node(record: _NodeRecord, ray_nodes: dict[str, tuple[str, bool]]) -
         ray_node_id=ray_node_id,
         drain_deadline=record.drain_deadline,
         reason=reason,
+        metrics_endpoint=ray_node.metrics_endpoint if ray_node and ray_node.alive else None,
     )
 
 

@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field
 
 from raypod import errors, state
+from raypod.capabilities.observability import metrics
 from raypod.controlplane import identity, service, store
 
 log = logging.getLogger(__name__)
@@ -230,6 +231,8 @@ class JobService:
         info = self._call("GET", f"{url}/api/jobs/{current.submission_id}", headers)
         current.status, current.message = str(info.get("status", "")), str(info.get("message") or "")[:500]
         decision, when = decide(job, current.status, now)
+        if decision is not Decision.WAIT:
+            metrics.JOB_ATTEMPTS.labels(current.status).inc()
         status = {
             Decision.WAIT: JobStatus.RUNNING if current.status == "RUNNING" else JobStatus.PENDING,
             Decision.SUCCEED: JobStatus.SUCCEEDED,

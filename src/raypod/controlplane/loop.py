@@ -8,6 +8,7 @@ import time
 
 from raypod import actions, state
 from raypod.backends import base
+from raypod.capabilities.observability import metrics
 from raypod.controlplane import execute, plan, status, store
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ class Reconciler:
             self._wake.clear()
             is_settled = True
             try:
-                is_settled = self.reconcile_all()
+                with metrics.RECONCILE_SECONDS.time():
+                    is_settled = self.reconcile_all()
             except Exception:
                 log.exception("reconcile pass failed")
             # While nodes start or stop, look again soon: a node that just came up unblocks the next step.
@@ -140,6 +142,7 @@ class Reconciler:
         self, view: state.ClusterView, kind: state.EventType, reason: str, message: str, node: str | None
     ) -> None:
         self.store.record(view, kind, reason, message, node)
+        metrics.count_node_event(view.spec.name, view.spec.namespace, reason)
 
     def _back_off(self, uid: str) -> None:
         count = self._failures.get(uid, (0, 0.0))[0] + 1

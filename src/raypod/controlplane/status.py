@@ -80,6 +80,7 @@ def derive_status(
             pid=n.pid,
             ray_node_id=n.ray_node_id,
             reason=n.reason,
+            metrics_endpoint=n.metrics_endpoint,
         )
         for n in sorted(observed.nodes.values(), key=lambda n: (not n.is_head, n.group, _index(n.name)))
     ]

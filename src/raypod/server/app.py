@@ -15,7 +15,7 @@ from raypod.backends import base
 from raypod.controlplane import identity, jobs, loop, plan, service, store
 from raypod.server import auth, console, gateway
 from raypod.server import errors as server_errors
-from raypod.server.routes import clusters, identities
+from raypod.server.routes import clusters, identities, monitoring
 from raypod.server.routes import jobs as job_routes
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         ca_file = settings.tls_cert if settings.tls else None
         if ids.bootstrap(settings.home / "credentials", settings.public_url, ca_file):
             log.info("first start: admin credentials written to %s (mode 0600)", settings.home / "credentials")
+        app.state.settings = settings
         app.state.identities = ids
         app.state.token_cache = auth.TokenCache()
         app.state.clusters = service.ClusterService(db, chosen, ids, wake=reconciler.wake)
@@ -75,6 +76,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
     app.include_router(clusters.router)
     app.include_router(identities.router)
     app.include_router(job_routes.router)
+    app.include_router(monitoring.router)
     app.include_router(identities.login_router)
     app.include_router(gateway.router)
     console.install(app)

@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from raypod import errors
 from raypod import spec as spec_mod
+from raypod.capabilities.observability import metrics
 from raypod.controlplane import identity, service
 from raypod.server import auth
 
@@ -146,6 +147,7 @@ async def proxy(request: Request) -> Response:
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in PRIVATE_REQUEST_HEADERS]
     headers.extend(route.headers.items())
     url = f"{route.dashboard}/{path}" + (f"?{request.url.query}" if request.url.query else "")
+    started = time.perf_counter()
     try:
         upstream = await session.request(
             request.method,
@@ -159,6 +161,7 @@ async def proxy(request: Request) -> Response:
         raise errors.TransientError(
             f"cluster {namespace}/{name} dashboard is not answering ({type(exc).__name__})"
         ) from None
+    metrics.GATEWAY_SECONDS.labels(metrics.gateway_route(path)).observe(time.perf_counter() - started)
     response_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
     if upstream.content_length is not None and upstream.content_length <= SMALL_BODY_BYTES:
         body = await upstream.read()
