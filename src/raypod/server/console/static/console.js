@@ -530,6 +530,101 @@ function initJob() {
   });
 }
 
+// -- charts -----------------------------------------------------------------------------------------------
+
+const SVG = "http://www.w3.org/2000/svg";
+const COLORS = ["#1f5fd1", "#d1521f", "#1b7f3b", "#8a3fd1", "#a15c00", "#00838f", "#c2185b", "#5d6d7e"];
+
+function formatValue(value, unit) {
+  if (unit === "percent") return value.toFixed(0) + "%";
+  if (unit === "bytes") {
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let index = 0;
+    while (value >= 1024 && index < units.length - 1) {
+      value /= 1024;
+      index += 1;
+    }
+    return value.toFixed(value < 10 && index ? 1 : 0) + " " + units[index];
+  }
+  return Number.isInteger(value) ? String(value) : value.toFixed(2);
+}
+
+function svgElement(name, attributes) {
+  const element = document.createElementNS(SVG, name);
+  for (const [key, value] of Object.entries(attributes)) element.setAttribute(key, value);
+  return element;
+}
+
+function drawChart(chart, windowStart, windowEnd) {
+  const figure = document.createElement("figure");
+  figure.className = "chart";
+  figure.dataset.chart = chart.key;
+  const caption = document.createElement("figcaption");
+  caption.textContent = chart.title;
+  figure.appendChild(caption);
+  const width = 420, height = 150, left = 62, bottom = 8, pad = 8;
+  const points = chart.series.flatMap((s) => s.points.map((p) => p[1]));
+  const floor = { percent: 100, bytes: 64 * 2 ** 20 }[chart.unit] || 1;
+  const top = Math.max(floor, ...points.map((v) => v * 1.1));
+  const svg = svgElement("svg", { viewBox: `0 0 ${width} ${height}`, role: "img" });
+  const summary = chart.series.map((s) => `${s.name} ${formatValue(s.points.at(-1)?.[1] ?? 0, chart.unit)}`).join(", ");
+  svg.setAttribute("aria-label", `${chart.title}: ${summary || "no data yet"}`);
+  for (const fraction of [0, 0.5, 1]) {
+    const y = pad + (height - bottom - pad) * (1 - fraction);
+    svg.appendChild(svgElement("line", { x1: left, x2: width, y1: y, y2: y, class: "grid" }));
+    const label = svgElement("text", { x: left - 6, y: y + 4, "text-anchor": "end", class: "axis" });
+    label.textContent = formatValue(top * fraction, chart.unit);
+    svg.appendChild(label);
+  }
+  const span = Math.max(1, windowEnd - windowStart);
+  chart.series.forEach((series, index) => {
+    const coordinates = series.points.map(([t, v]) => {
+      const x = left + ((t - windowStart) / span) * (width - left);
+      const y = pad + (height - bottom - pad) * (1 - v / top);
+      return `${x.toFixed(1)},${y.toFixed(1)}`;
+    });
+    if (coordinates.length) {
+      svg.appendChild(svgElement("polyline", { points: coordinates.join(" "), stroke: COLORS[index % COLORS.length], class: "series", "data-series": series.name }));
+    }
+  });
+  figure.appendChild(svg);
+  const legend = document.createElement("ul");
+  legend.className = "legend";
+  chart.series.forEach((series, index) => {
+    const item = document.createElement("li");
+    const swatch = svgElement("svg", { viewBox: "0 0 10 10", width: 10, height: 10, "aria-hidden": "true" });
+    swatch.appendChild(svgElement("rect", { width: 10, height: 10, fill: COLORS[index % COLORS.length] }));
+    item.appendChild(swatch);
+    item.append(` ${series.name}: ${formatValue(series.points.at(-1)?.[1] ?? 0, chart.unit)}`);
+    legend.appendChild(item);
+  });
+  if (!chart.series.length) legend.innerHTML = "<li>no data yet</li>";
+  figure.appendChild(legend);
+  return figure;
+}
+
+function initCharts() {
+  const box = document.getElementById("charts");
+  if (!box) return;
+  async function load() {
+    if (document.hidden) return;
+    const result = await api("GET", box.dataset.src);
+    if (!result.ok) {
+      const message = document.createElement("p");
+      message.className = result.status === 409 ? "muted" : "error";
+      message.textContent = result.status === 409
+        ? "Monitoring is off. Run 'raypod monitoring up' to chart this cluster."
+        : "Charts are unavailable: " + ((result.data && result.data.message) || result.status);
+      box.replaceChildren(message);
+      return;
+    }
+    const { charts, end, window_s: windowSize } = result.data;
+    box.replaceChildren(...charts.map((chart) => drawChart(chart, end - windowSize, end)));
+  }
+  load();
+  setInterval(load, 15000);
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   initLogin();
   initLogout();
@@ -539,5 +634,6 @@ document.addEventListener("DOMContentLoaded", () => {
   initCopy();
   initNewJob();
   initJob();
+  initCharts();
   startRegions();
 });
