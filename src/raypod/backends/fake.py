@@ -36,7 +36,12 @@ class FakeBackend:
             nodes = self.nodes.get(cluster_id, {})
             for name, node in list(nodes.items()):
                 if node.phase is state.NodePhase.STARTING:
-                    nodes[name] = _replace(node, phase=state.NodePhase.RUNNING, ray_node_id=f"ray-{name}")
+                    nodes[name] = _replace(
+                        node,
+                        phase=state.NodePhase.RUNNING,
+                        ray_node_id=f"ray-{name}",
+                        metrics_endpoint=f"{cluster_id[:8]}-{name}.fake:8080",  # nothing listens: for discovery tests
+                    )
                 elif node.phase is state.NodePhase.DRAINING:
                     nodes[name] = _replace(node, phase=state.NodePhase.DEAD, reason="drained")
             return state.ObservedCluster(

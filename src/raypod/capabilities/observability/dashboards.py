@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import re
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,15 +85,21 @@ def ray_dashboards() -> dict[str, dict[str, Any]]:
     Ray's own global-filter option, which adds ``ray_io_cluster=~"$Cluster"`` to every expression."""
     from ray.dashboard.modules.metrics import grafana_dashboard_factory as factory
 
+    def generate(name: str) -> dict[str, Any]:
+        # Ray's factory opens its base JSON without closing it; the file is closed on the spot, only warned about.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            made: dict[str, Any] = json.loads(getattr(factory, name)()[0])
+        return made
+
     result = {}
     for item in RAY_DASHBOARDS:
-        generate: Callable[[], tuple[str, str]] = getattr(factory, item.factory)
-        dashboard = json.loads(generate()[0])
+        dashboard = generate(item.factory)
         variables = dashboard.setdefault("templating", {}).setdefault("list", [])
         if not any(v.get("name") == "Cluster" for v in variables):
             filters = f"RAY_GRAFANA_{item.config_name}_DASHBOARD_GLOBAL_FILTERS"
             with _environment(filters, CLUSTER_FILTER):
-                dashboard = json.loads(generate()[0])
+                dashboard = generate(item.factory)
             variables = dashboard["templating"]["list"]
             variables.insert(1, _cluster_variable())
         dashboard["title"] = item.title
