@@ -107,3 +107,10 @@ def test_unreachable_server_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) ->
     result = runner.invoke(app, ["cluster", "list"])
     assert result.exit_code == 1
     assert "cannot reach the raypod server at http://127.0.0.1:9" in result.stderr
+
+
+def test_monitoring_up_without_prometheus_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAYPOD_PROMETHEUS_BIN", "/nonexistent/prometheus")
+    result = runner.invoke(app, ["monitoring", "up"])
+    assert result.exit_code == 1
+    assert "Prometheus is not installed" in result.output and "apt-get install prometheus" in result.output
