@@ -11,18 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import ssl
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
+import _common
 import httpx
-from _common import free_port, percentile
+from _common import percentile
 
 
 def round_trip(client: httpx.Client, base: str) -> float:
@@ -39,27 +34,10 @@ def main() -> None:
     parser.add_argument("--round-trips", type=int, default=5)
     args = parser.parse_args()
 
-    home = Path(tempfile.mkdtemp(prefix="raypod-gw-bench-"))
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAYPOD_", "RAY_"))}
-    env.update({"RAYPOD_HOME": str(home), "RAYPOD_SERVER": f"https://127.0.0.1:{port}"})
-    raypod = str(Path(sys.executable).parent / "raypod")
-    with open(home / "server.log", "wb") as log:
-        server = subprocess.Popen(
-            [raypod, "server", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-    try:
-        for _ in range(200):
-            if (home / "credentials").exists():
-                break
-            time.sleep(0.1)
-        time.sleep(1)
-        subprocess.run([raypod, "cluster", "create", "bench", "-o", "json"], env=env, check=True, capture_output=True)
-        view = json.loads(
-            subprocess.run(
-                [raypod, "cluster", "get", "bench", "-o", "json"], env=env, check=True, capture_output=True, text=True
-            ).stdout
-        )
+    with _common.raypod_server("raypod-gw-bench-") as server:
+        home, port = server.home, server.port
+        server.cli("cluster", "create", "bench", "-o", "json")
+        view = json.loads(server.cli("cluster", "get", "bench", "-o", "json"))
         credentials = json.loads((home / "credentials").read_text())
         ray_token = (home / "local" / "ray-auth-token").read_text().strip()
         direct_base = view["status"]["endpoints"]["dashboard"]
@@ -90,11 +68,7 @@ def main() -> None:
                 trips[name].append(round_trip(client, base))
         direct.close()
         gateway.close()
-        subprocess.run([raypod, "cluster", "delete", "bench"], env=env, check=False, capture_output=True)
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
-        shutil.rmtree(home, ignore_errors=True)
+        server.cli("cluster", "delete", "bench")
 
     direct_p50, gateway_p50 = statistics.median(reads["direct"]), statistics.median(reads["gateway"])
     print(f"job-status reads ({args.reads} each): direct p50 {direct_p50:.2f} ms, gateway p50 {gateway_p50:.2f} ms")
