@@ -1,0 +1,257 @@
+"""CheckpointManager: ``save`` snapshots into memory and returns; one background thread checksums the snapshot,
+then replicates and persists it tier by tier; ``restore`` loads the newest complete step from the fastest tier
+that holds a verified copy."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from raypod.checkpoint import format as fmt
+from raypod.checkpoint import tiers
+
+log = logging.getLogger(__name__)
+
+TIER_ORDER = ("memory", "peer", "disk", "durable")
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How many complete steps each tier keeps (older ones are deleted once a newer one is complete)."""
+
+    memory: int = 2
+    peer: int = 2
+    disk: int = 3
+    durable: int = 5
+
+
+DEFAULT_RETENTION = Retention()
+
+
+@dataclass(frozen=True)
+class Saved:
+    step: int
+    stall_s: float  # how long save() blocked the caller
+
+
+@dataclass(frozen=True)
+class Restored:
+    step: int
+    tier: str
+    state: Any
+    seconds: float
+    skipped: dict[str, str] = field(default_factory=dict)  # tier -> why it was not used
+
+
+class CheckpointManager:
+    """Tiered checkpoints of one rank of a run.
+
+    Args:
+        run: names the run in every tier (a directory, a peer actor).
+        local_dir: the node's local-disk tier (``None``: none).
+        durable_url: any fsspec URL (``s3://bucket/prefix``, ``gs://...``, ``file:///...``; ``None``: none).
+        rank, world_size: this process' shard; a step is complete only when every rank's shard is.
+        peer: keep a replica in an actor on another Ray node (needs a running Ray with another node).
+        storage_options: fsspec options of the durable tier (endpoint, credentials).
+        agree: given this rank's restorable steps, return the step every rank restores (sharded runs; the
+            default uses torch.distributed when it is initialized).
+    """
+
+    def __init__(
+        self,
+        run: str,
+        local_dir: str | Path | None = None,
+        durable_url: str | None = None,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        retention: Retention = DEFAULT_RETENTION,
+        peer: bool = False,
+        storage_options: dict[str, Any] | None = None,
+        agree: Callable[[set[int]], int | None] | None = None,
+    ) -> None:
+        self.run, self.rank, self.world_size, self.retention = run, rank, world_size, retention
+        self.memory = tiers.MemoryTier(retention.memory)
+        self.disk = tiers.FsspecTier("disk", str(local_dir), run) if local_dir is not None else None
+        self.durable = (
+            tiers.FsspecTier("durable", durable_url, run, storage_options) if durable_url is not None else None
+        )
+        self.peer = tiers.PeerTier(run, rank, retention.peer) if peer else None
+        self.agree = agree or _agree
+        self.errors: dict[str, str] = {}  # tier -> last error, for callers and metrics
+        self.persisted: dict[str, int] = {}  # tier -> newest step written there
+        self._queue: queue.Queue[tiers.Snapshot | None] = queue.Queue()
+        self._idle = threading.Condition()
+        self._pending = 0
+        self._thread = threading.Thread(target=self._persist_loop, name=f"raypod-ckpt-{run}-{rank}", daemon=True)
+        self._thread.start()
+
+    # -- save --------------------------------------------------------------------------------------------------
+
+    def save(self, state: Any, step: int) -> Saved:
+        """Snapshot ``state`` into memory and return; persisting happens in the background.
+
+        Tensors on an accelerator are copied to host memory before this returns; training may change them
+        right after.
+        """
+        started = time.perf_counter()
+        skeleton, tensors = fmt.flatten(state)
+        snapshot = self.memory.acquire(tensors)
+        for target, source in zip(snapshot.tensors, tensors, strict=True):
+            target.copy_(source.detach(), non_blocking=source.device.type != "cpu")
+        if any(t.device.type == "cuda" for t in tensors):
+            torch.cuda.synchronize()
+        snapshot.step, snapshot.skeleton = step, skeleton
+        with self._idle:
+            self._pending += 1
+        self._queue.put(snapshot)
+        return Saved(step, time.perf_counter() - started)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every save so far is persisted in every tier (or failed there); return whether it was."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._idle:
+            while self._pending:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+    def close(self) -> None:
+        """Finish persisting, then stop the background thread (the peer replica stays for a restarted rank)."""
+        self.wait()
+        self._queue.put(None)
+        self._thread.join(timeout=60)
+
+    def drop_peer(self) -> None:
+        """End the peer replica actor (it is detached, so that it outlives a failed rank): call at the run's end."""
+        if self.peer is not None:
+            self.peer.kill()
+
+    def _persist_loop(self) -> None:
+        while (snapshot := self._queue.get()) is not None:
+            try:
+                self._persist(snapshot)
+            except Exception:
+                log.exception("checkpoint step %s: persisting failed", snapshot.step)
+            finally:
+                self.memory.release(snapshot)
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def _persist(self, snapshot: tiers.Snapshot) -> None:
+        metas = fmt.layout(snapshot.tensors)
+        snapshot.metas = [
+            fmt.TensorMeta(m.dtype, m.shape, m.offset, m.nbytes, fmt.checksum(t))
+            for m, t in zip(metas, snapshot.tensors, strict=True)
+        ]
+        with self.memory.lock:
+            snapshot.complete = True
+        self.persisted["memory"] = snapshot.step
+        if self.peer is not None:
+            self._try("peer", snapshot.step, lambda: self.peer.write(snapshot, self.rank, self.world_size))  # type: ignore[union-attr]
+        local_copy = None
+        if self.disk is not None:
+            local_copy = self._try("disk", snapshot.step, lambda: self.disk.write(snapshot, self.rank, self.world_size))  # type: ignore[union-attr]
+            if local_copy is not None:
+                self._retain(self.disk, self.retention.disk)
+        if self.durable is not None:
+            written = self._try(
+                "durable",
+                snapshot.step,
+                lambda: self.durable.write(snapshot, self.rank, self.world_size, local_copy),  # type: ignore[union-attr]
+            )
+            if written is not None:
+                self._retain(self.durable, self.retention.durable)
+
+    def _try(self, tier: str, step: int, write: Callable[[], Any]) -> Any:
+        """Write to one tier; a failure is logged and remembered, and the other tiers go on."""
+        try:
+            result = write()
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {exc}"
+            if self.errors.get(tier) != message:
+                log.warning("checkpoint tier %s failed at step %s (%s); the other tiers go on", tier, step, message)
+            self.errors[tier] = message
+            return None
+        self.errors.pop(tier, None)
+        self.persisted[tier] = step
+        return result if result is not None else True
+
+    def _retain(self, tier: tiers.FsspecTier, keep: int) -> None:
+        """Delete this rank's view of older steps; rank 0 alone deletes in shared tiers, and only complete ones."""
+        if tier is self.durable and self.rank != 0:
+            return
+        complete = tier.steps(self.rank, self.world_size, every_rank=tier is self.durable)
+        if len(complete) > keep:
+            tier.delete_steps(complete[:-keep])
+
+    # -- restore -----------------------------------------------------------------------------------------------
+
+    def available(self) -> dict[str, list[int]]:
+        """Steps each tier holds a complete copy of, for this rank (every rank's, for the durable tier)."""
+        found: dict[str, list[int]] = {"memory": self.memory.steps()}
+        if self.peer is not None:
+            found["peer"] = self.peer.steps()
+        if self.disk is not None:
+            found["disk"] = self.disk.steps(self.rank, self.world_size, every_rank=False)
+        if self.durable is not None:
+            found["durable"] = self.durable.steps(self.rank, self.world_size, every_rank=True)
+        return found
+
+    def restore(self, step: int | None = None) -> Restored | None:
+        """Load the newest complete step (or ``step``) from the fastest tier with a verified copy; a corrupt or
+        unreadable copy is skipped with a warning. ``None`` when no tier holds one.
+
+        Raises:
+            CorruptCheckpoint: the chosen step is corrupt or unreadable in every tier that holds it.
+        """
+        started = time.perf_counter()
+        available = self.available()
+        if step is None:
+            step = self.agree({s for steps in available.values() for s in steps})
+            if step is None:
+                return None
+        skipped: dict[str, str] = {}
+        for tier in TIER_ORDER:
+            if step not in available.get(tier, []):
+                continue
+            try:
+                state = self._load(tier, step)
+            except Exception as exc:
+                skipped[tier] = f"{type(exc).__name__}: {exc}"
+                log.warning("checkpoint step %s: skipping the %s tier (%s)", step, tier, skipped[tier])
+                continue
+            return Restored(step, tier, state, time.perf_counter() - started, skipped)
+        raise fmt.CorruptCheckpoint(f"step {step} could not be restored from any tier: {skipped or available}")
+
+    def _load(self, tier: str, step: int) -> Any:
+        if tier == "memory":
+            return self.memory.load(step)
+        if tier == "peer" and self.peer is not None:
+            return self.peer.load(step)
+        if tier == "disk" and self.disk is not None:
+            return self.disk.load(step, self.rank, self.world_size)
+        if tier == "durable" and self.durable is not None:
+            return self.durable.load(step, self.rank, self.world_size)
+        raise KeyError(tier)
+
+
+def _agree(steps: set[int]) -> int | None:
+    """The newest step every rank can restore: the intersection over ranks when torch.distributed runs."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gathered: list[set[int] | None] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, steps)
+        common = set.intersection(*(s or set() for s in gathered))
+        return max(common) if common else None
+    return max(steps) if steps else None

@@ -1,0 +1,333 @@
+"""Where shards live: process memory, a peer node's memory (a Ray actor), and fsspec file systems (the node's
+local disk, and durable storage such as S3). Each tier stores a shard as bytes plus a small manifest written
+last; a shard without its manifest does not exist."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+import numpy as np
+import torch
+import xxhash
+
+from raypod.checkpoint import format as fmt
+
+log = logging.getLogger(__name__)
+
+
+def step_dir(step: int) -> str:
+    return f"step-{step:012d}"
+
+
+def shard_name(rank: int, world_size: int) -> str:
+    return f"shard-{rank:05d}-of-{world_size:05d}"
+
+
+@dataclass
+class Snapshot:
+    """One rank's copy of a step in process memory: preallocated tensors, reused for later steps of the same
+    layout, so a save is one memory copy."""
+
+    signature: tuple[tuple[str, tuple[int, ...]], ...]
+    tensors: list[torch.Tensor]
+    step: int = -1
+    skeleton: Any = None
+    metas: list[fmt.TensorMeta] = field(default_factory=list)
+    complete: bool = False  # checksums computed: restorable
+    busy: bool = False  # being persisted; not reusable yet
+
+    def header(self, rank: int, world_size: int) -> bytes:
+        return fmt.encode_header(self.step, rank, world_size, self.skeleton, self.metas)
+
+    def verified_state(self) -> Any:
+        """A copy of the state, every tensor checked against its checksum.
+
+        Raises:
+            CorruptCheckpoint.
+        """
+        copies = []
+        for index, (tensor, meta) in enumerate(zip(self.tensors, self.metas, strict=True)):
+            if fmt.checksum(tensor) != meta.checksum:
+                raise fmt.CorruptCheckpoint(f"memory tier: tensor {index} of step {self.step} is corrupt")
+            copies.append(tensor.clone())
+        return fmt.unflatten(self.skeleton, copies)
+
+
+def signature(tensors: list[torch.Tensor]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    return tuple((str(t.dtype), tuple(t.shape)) for t in tensors)
+
+
+class MemoryTier:
+    """The newest ``keep`` complete snapshots of this process, plus one being written."""
+
+    name = "memory"
+
+    def __init__(self, keep: int) -> None:
+        self.keep = max(1, keep)
+        self.snapshots: list[Snapshot] = []
+        self.lock = threading.Condition()
+
+    def acquire(self, tensors: list[torch.Tensor], timeout: float | None = None) -> Snapshot:
+        """A snapshot to copy into: a reusable one of the same layout, else a new allocation; waits while every
+        spare one is still being persisted."""
+        wanted = signature(tensors)
+        with self.lock:
+            while True:
+                complete = sorted((s for s in self.snapshots if s.complete), key=lambda s: s.step)
+                protected = {id(s) for s in complete[-self.keep :]}
+                spare = [s for s in self.snapshots if not s.busy and id(s) not in protected]
+                match = next((s for s in spare if s.signature == wanted), None)
+                if match is not None:
+                    match.complete, match.busy = False, True
+                    return match
+                if len(self.snapshots) < self.keep + 1 or spare:
+                    for stale in spare:  # a layout that changed: free it
+                        self.snapshots.remove(stale)
+                    fresh = Snapshot(wanted, [torch.empty_like(t, device="cpu") for t in tensors], busy=True)
+                    self.snapshots.append(fresh)
+                    return fresh
+                if not self.lock.wait(timeout):
+                    raise TimeoutError("every memory snapshot is still being persisted")
+
+    def release(self, snapshot: Snapshot) -> None:
+        with self.lock:
+            snapshot.busy = False
+            self.lock.notify_all()
+
+    def steps(self) -> list[int]:
+        with self.lock:
+            return sorted(s.step for s in self.snapshots if s.complete)[-self.keep :]
+
+    def load(self, step: int) -> Any:
+        with self.lock:
+            found = next((s for s in self.snapshots if s.complete and s.step == step), None)
+        if found is None:
+            raise KeyError(step)
+        return found.verified_state()
+
+    def corrupt(self, step: int) -> None:
+        """Flip one byte of a stored snapshot (failure tests)."""
+        found = next(s for s in self.snapshots if s.step == step)
+        fmt.as_bytes(found.tensors[0])[0] ^= 0xFF
+
+
+class FsspecTier:
+    """Shards as files under a URL (``/local/dir``, ``file://``, ``s3://bucket/prefix``, ``gs://...``):
+    ``<root>/<run>/step-N/shard-R-of-W.bin``, then its ``.json`` manifest, written last."""
+
+    def __init__(self, name: str, url: str, run: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.name = name
+        self.fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        self.root = f"{root.rstrip('/')}/{run}"
+        self.url = url
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        self.is_local = "file" in protocols
+
+    def _paths(self, step: int, rank: int, world_size: int) -> tuple[str, str]:
+        base = f"{self.root}/{step_dir(step)}/{shard_name(rank, world_size)}"
+        return f"{base}.bin", f"{base}.json"
+
+    def write(self, snapshot: Snapshot, rank: int, world_size: int, local_copy: str | None = None) -> str:
+        """Write a shard, then its manifest; return the shard's path. ``local_copy``: a file already holding the
+        shard's bytes (the local-disk tier's), uploaded instead of re-encoding."""
+        blob_path, manifest_path = self._paths(snapshot.step, rank, world_size)
+        self.fs.makedirs(blob_path.rsplit("/", 1)[0], exist_ok=True)
+        header = snapshot.header(rank, world_size)
+        if local_copy is not None:
+            self.fs.put_file(local_copy, blob_path)
+        elif self.is_local:
+            _write_local(blob_path, header, snapshot)
+        else:
+            with self.fs.open(blob_path, "wb", block_size=64 * 2**20) as out:
+                out.write(header)
+                for tensor, meta in zip(snapshot.tensors, snapshot.metas, strict=True):
+                    out.write(fmt.as_bytes(tensor))
+                    out.write(b"\0" * (-meta.nbytes % fmt.ALIGN))
+        size = len(header) + sum(-(-m.nbytes // fmt.ALIGN) * fmt.ALIGN for m in snapshot.metas)
+        manifest = {"step": snapshot.step, "rank": rank, "world_size": world_size, "bytes": size}
+        _atomic_text(self.fs, manifest_path, json.dumps(manifest), self.is_local)
+        return blob_path
+
+    def steps(self, rank: int, world_size: int, every_rank: bool) -> list[int]:
+        """Steps whose manifest is written: this rank's, or (``every_rank``) every rank's."""
+        try:
+            entries = self.fs.ls(self.root, detail=False)
+        except (FileNotFoundError, OSError):
+            return []
+        found = []
+        for entry in entries:
+            name = entry.rstrip("/").rsplit("/", 1)[-1]
+            if not name.startswith("step-"):
+                continue
+            step = int(name.removeprefix("step-"))
+            ranks = range(world_size) if every_rank else (rank,)
+            if all(self.fs.exists(self._paths(step, r, world_size)[1]) for r in ranks):
+                found.append(step)
+        return sorted(found)
+
+    def load(self, step: int, rank: int, world_size: int) -> Any:
+        blob_path, manifest_path = self._paths(step, rank, world_size)
+        manifest = json.loads(self.fs.cat_file(manifest_path))
+        with self.fs.open(blob_path, "rb", block_size=64 * 2**20) as source:
+            blob = bytearray(manifest["bytes"])
+            view, read = memoryview(blob), 0
+            while read < len(blob):
+                chunk = source.readinto(view[read:]) if hasattr(source, "readinto") else None
+                if chunk is None:
+                    data = source.read(len(blob) - read)
+                    view[read : read + len(data)] = data
+                    chunk = len(data)
+                if not chunk:
+                    raise fmt.CorruptCheckpoint(f"{self.name}: shard of step {step} is truncated")
+                read += chunk
+        header, state = fmt.decode_shard(blob, copy=False)
+        if header["step"] != step or header["rank"] != rank:
+            raise fmt.CorruptCheckpoint(f"{self.name}: shard of step {step} holds step {header['step']}")
+        return state
+
+    def delete_steps(self, steps: Iterable[int]) -> None:
+        for step in steps:
+            with contextlib.suppress(FileNotFoundError, OSError):
+                self.fs.rm(f"{self.root}/{step_dir(step)}", recursive=True)
+
+    def corrupt(self, step: int, rank: int, world_size: int) -> None:
+        """Flip a byte in the middle of a stored shard (failure tests)."""
+        blob_path, _ = self._paths(step, rank, world_size)
+        data = bytearray(self.fs.cat_file(blob_path))
+        data[len(data) // 2] ^= 0xFF
+        self.fs.pipe_file(blob_path, bytes(data))
+
+
+def _write_local(path: str, header: bytes, snapshot: Snapshot) -> None:
+    """Write a shard to local disk and fsync it before it may be renamed into place."""
+    partial = f"{path}.partial"
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(descriptor, header)
+        for tensor, meta in zip(snapshot.tensors, snapshot.metas, strict=True):
+            view = fmt.as_bytes(tensor)
+            while view:
+                written = os.write(descriptor, view[: 64 * 2**20])
+                view = view[written:]
+            if meta.nbytes % fmt.ALIGN:
+                os.write(descriptor, b"\0" * (-meta.nbytes % fmt.ALIGN))
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    os.replace(partial, path)
+
+
+def _atomic_text(fs: Any, path: str, text: str, is_local: bool) -> None:
+    if is_local:
+        partial = f"{path}.partial"
+        with open(partial, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, path)
+    else:
+        fs.pipe_file(path, text.encode())  # an object store PUT is all-or-nothing
+
+
+class PeerTier:
+    """A replica of this rank's newest snapshots in the memory of a Ray actor on another node, so losing this
+    node (and its memory and disk) loses no checkpoint the peer has."""
+
+    name = "peer"
+
+    def __init__(self, run: str, rank: int, keep: int) -> None:
+        import ray
+
+        self.ray = ray
+        self.actor_name = f"raypod-ckpt-{run}-{rank}"
+        self.keep = keep
+        self._actor: Any = None
+
+    def _handle(self, create: bool) -> Any:
+        if self._actor is not None:
+            return self._actor
+        ray = self.ray
+        try:
+            self._actor = ray.get_actor(self.actor_name, namespace=PEER_NAMESPACE)
+            return self._actor
+        except ValueError:
+            if not create:
+                raise KeyError(self.actor_name) from None
+        here = ray.get_runtime_context().get_node_id()
+        others = sorted(node["NodeID"] for node in ray.nodes() if node["Alive"] and node["NodeID"] != here)
+        if not others:
+            raise RuntimeError("no other alive node to hold a peer replica")
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        peer_node = others[hash(self.actor_name) % len(others)]
+        self._actor = (
+            ray.remote(num_cpus=0, max_restarts=0)(PeerReplica)
+            .options(
+                name=self.actor_name,
+                namespace=PEER_NAMESPACE,
+                lifetime="detached",
+                get_if_exists=True,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(peer_node, soft=False),
+            )
+            .remote(self.keep)
+        )
+        return self._actor
+
+    def write(self, snapshot: Snapshot, rank: int, world_size: int) -> None:
+        arrays = [tensor.reshape(-1).view(torch.uint8).numpy() for tensor in snapshot.tensors]
+        actor = self._handle(create=True)
+        self.ray.get(actor.put.remote(snapshot.step, snapshot.header(rank, world_size), arrays))
+
+    def steps(self) -> list[int]:
+        try:
+            steps: list[int] = self.ray.get(self._handle(create=False).steps.remote(), timeout=30)
+            return steps
+        except Exception:
+            self._actor = None
+            return []
+
+    def load(self, step: int) -> Any:
+        header_bytes, arrays = self.ray.get(self._handle(create=False).get.remote(step), timeout=300)
+        header, _ = fmt.decode_header(header_bytes)
+        tensors = []
+        for index, (meta, array) in enumerate(zip(header["tensors"], arrays, strict=True)):
+            if xxhash.xxh3_64_intdigest(memoryview(array)) != meta["checksum"]:
+                raise fmt.CorruptCheckpoint(f"peer tier: tensor {index} of step {step} is corrupt")
+            raw = torch.from_numpy(np.array(array, copy=True))
+            tensors.append(raw.view(fmt.dtype_of(meta["dtype"])).reshape(meta["shape"]))
+        return fmt.unflatten(header["skeleton"], tensors)
+
+    def kill(self) -> None:
+        with contextlib.suppress(Exception):
+            self.ray.kill(self._handle(create=False))
+        self._actor = None
+
+
+PEER_NAMESPACE = "raypod-checkpoint"
+
+
+class PeerReplica:
+    """The Ray actor behind PeerTier: keeps the newest ``keep`` shards it was sent."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.shards: dict[int, tuple[bytes, list[np.ndarray]]] = {}
+
+    def put(self, step: int, header: bytes, arrays: list[np.ndarray]) -> None:
+        self.shards[step] = (header, [np.array(a, copy=True) for a in arrays])
+        for old in sorted(self.shards)[: -self.keep]:
+            del self.shards[old]
+
+    def steps(self) -> list[int]:
+        return sorted(self.shards)
+
+    def get(self, step: int) -> tuple[bytes, list[np.ndarray]]:
+        return self.shards[step]

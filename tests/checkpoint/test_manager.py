@@ -1,0 +1,125 @@
+"""CheckpointManager with real tiers on this machine: process memory, a local-disk directory, and durable
+storage (file:// here; real S3 in test_s3.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from raypod.checkpoint import CheckpointManager, CorruptCheckpoint, Retention
+
+
+def model_state(seed: int) -> dict[str, Any]:
+    generator = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(256, 256, generator=generator), "b": torch.randn(256, generator=generator), "step": seed}
+
+
+def manager(tmp_path: Path, **kwargs: Any) -> CheckpointManager:
+    kwargs.setdefault("retention", Retention(memory=2, disk=2, durable=3))
+    return CheckpointManager("run", tmp_path / "local", f"file://{tmp_path / 'durable'}", **kwargs)
+
+
+def test_save_returns_before_persisting_and_restore_prefers_memory(tmp_path: Path) -> None:
+    ckpt = manager(tmp_path)
+    try:
+        for step in range(1, 6):
+            saved = ckpt.save(model_state(step), step)
+            assert saved.step == step
+        assert ckpt.wait(timeout=60)
+        assert ckpt.available() == {"memory": [4, 5], "disk": [4, 5], "durable": [3, 4, 5]}
+        restored = ckpt.restore()
+        assert restored is not None and (restored.step, restored.tier) == (5, "memory")
+        assert torch.equal(restored.state["w"], model_state(5)["w"]) and restored.state["step"] == 5
+        older = ckpt.restore(step=3)
+        assert older is not None and (older.step, older.tier) == (3, "durable")
+        assert torch.equal(older.state["w"], model_state(3)["w"])
+    finally:
+        ckpt.close()
+
+
+def test_the_snapshot_is_consistent_even_if_training_changes_the_tensors_at_once(tmp_path: Path) -> None:
+    ckpt = manager(tmp_path)
+    try:
+        live = model_state(1)
+        ckpt.save(live, 1)
+        live["w"].add_(100.0)  # the next optimizer step, right after save() returned
+        ckpt.wait()
+        for tier in ("memory", "disk"):
+            restored = ckpt._load(tier, 1)
+            assert torch.equal(restored["w"], model_state(1)["w"]), tier
+    finally:
+        ckpt.close()
+
+
+def test_a_corrupt_tier_is_skipped_for_the_next_one(tmp_path: Path) -> None:
+    ckpt = manager(tmp_path)
+    try:
+        ckpt.save(model_state(1), 1)
+        ckpt.wait()
+        ckpt.memory.corrupt(1)
+        restored = ckpt.restore()
+        assert restored is not None and restored.tier == "disk" and "memory" in restored.skipped
+        assert ckpt.disk is not None and ckpt.durable is not None
+        ckpt.disk.corrupt(1, 0, 1)
+        restored = ckpt.restore()
+        assert restored is not None and restored.tier == "durable"
+        assert set(restored.skipped) == {"memory", "disk"}
+        assert torch.equal(restored.state["w"], model_state(1)["w"])
+        ckpt.durable.corrupt(1, 0, 1)
+        with pytest.raises(CorruptCheckpoint, match="could not be restored from any tier"):
+            ckpt.restore()
+    finally:
+        ckpt.close()
+
+
+def test_a_new_process_restores_from_disk_and_nothing_at_all_is_none(tmp_path: Path) -> None:
+    first = manager(tmp_path)
+    first.save(model_state(2), 2)
+    first.close()
+    second = manager(tmp_path)
+    try:
+        restored = second.restore()
+        assert restored is not None and (restored.step, restored.tier) == (2, "disk")
+    finally:
+        second.close()
+    empty = CheckpointManager("other", tmp_path / "local")
+    try:
+        assert empty.restore() is None
+    finally:
+        empty.close()
+
+
+def test_a_sharded_step_is_complete_only_when_every_rank_wrote_its_shard(tmp_path: Path) -> None:
+    ranks = [manager(tmp_path, rank=rank, world_size=2) for rank in (0, 1)]
+    try:
+        for step in (1, 2):
+            for rank, ckpt in enumerate(ranks):
+                if step == 2 and rank == 1:
+                    continue  # rank 1 died before saving step 2
+                ckpt.save({"shard": torch.full((8,), float(10 * step + rank))}, step)
+        for ckpt in ranks:
+            ckpt.wait()
+        assert ranks[0].available()["durable"] == [1]
+        assert ranks[1].available()["durable"] == [1]
+        restored = [ckpt.restore(step=1) for ckpt in ranks]
+        assert [r.state["shard"][0].item() for r in restored if r] == [10.0, 11.0]
+    finally:
+        for ckpt in ranks:
+            ckpt.close()
+
+
+def test_a_failing_tier_is_reported_and_the_others_go_on(tmp_path: Path) -> None:
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the durable directory should be")
+    ckpt = CheckpointManager("run", tmp_path / "local", f"file://{blocked}")
+    try:
+        ckpt.save(model_state(1), 1)
+        ckpt.wait()
+        assert "durable" in ckpt.errors and ckpt.persisted["disk"] == 1
+        restored = ckpt.restore()
+        assert restored is not None and restored.step == 1
+    finally:
+        ckpt.close()
