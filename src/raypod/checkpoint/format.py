@@ -168,7 +168,7 @@ def decode_header(blob: memoryview | bytes | bytearray) -> tuple[dict[str, Any],
         header: dict[str, Any] = json.loads(bytes(view[start : start + length]))
     except ValueError:
         raise CorruptCheckpoint("garbled shard header") from None
-    if not isinstance(header, dict) or not HEADER_KEYS <= set(header):
+    if not isinstance(header, dict) or not set(header) >= HEADER_KEYS:
         raise CorruptCheckpoint("garbled shard header (fields missing)")
     data = start + length
     return header, data + (-data % ALIGN)

@@ -209,9 +209,10 @@ class CheckpointManager:
             found["durable"] = self.durable.steps(self.rank, self.world_size, every_rank=True)
         return found
 
-    def restore(self, step: int | None = None) -> Restored | None:
-        """Load the newest complete step (or ``step``) from the fastest tier with a verified copy; a corrupt or
-        unreadable copy is skipped with a warning. ``None`` when no tier holds one.
+    def restore(self, step: int | None = None, at_most: int | None = None) -> Restored | None:
+        """Load the newest complete step (or ``step``, or the newest up to ``at_most``) from the fastest tier
+        with a verified copy; a corrupt or unreadable copy is skipped with a warning. ``None`` when no tier
+        holds one.
 
         Raises:
             CorruptCheckpoint: the chosen step is corrupt or unreadable in every tier that holds it.
@@ -219,7 +220,8 @@ class CheckpointManager:
         started = time.perf_counter()
         available = self.available()
         if step is None:
-            step = self.agree({s for steps in available.values() for s in steps})
+            candidates = {s for steps in available.values() for s in steps}
+            step = self.agree({s for s in candidates if at_most is None or s <= at_most})
             if step is None:
                 return None
         skipped: dict[str, str] = {}

@@ -10,7 +10,8 @@
 
 Ray Train records, with each report, a tiny checkpoint naming the step (one file per rank), so after a restart
 ``ray.train.get_checkpoint()`` says which step every rank reported; the state itself comes from the fastest raypod
-tier that holds that step: the peer node's memory, the local disk, or durable storage.
+tier that holds that step: the peer node's memory, the local disk, or durable storage (the process' own memory
+tier is gone after a restart).
 """
 
 from __future__ import annotations
@@ -81,10 +82,13 @@ def reported_step() -> int | None:
 
 
 def restore(manager: CheckpointManager) -> Restored | None:
-    """Restore the step Ray Train last recorded from the fastest tier; None on a fresh start.
+    """Restore the step Ray Train last recorded, from the fastest tier; None on a fresh start.
+
+    A rank killed right after reporting may not have persisted that step anywhere that survived it: then every
+    rank restores the newest step before it that all of them hold (torch.distributed agrees on it).
 
     Raises:
-        CorruptCheckpoint: that step is in no tier in a verified, complete form.
+        CorruptCheckpoint: the agreed step is in no tier in a verified, complete form.
     """
     step = reported_step()
-    return None if step is None else manager.restore(step)
+    return None if step is None else manager.restore(at_most=step)
