@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from raypod.checkpoint import CheckpointManager, CorruptCheckpoint, Retention
+from raypod.checkpoint import CheckpointManager, CheckpointNotFound, CorruptCheckpoint, Retention
 
 
 def model_state(seed: int) -> dict[str, Any]:
@@ -33,9 +33,13 @@ def test_save_returns_before_persisting_and_restore_prefers_memory(tmp_path: Pat
         restored = ckpt.restore()
         assert restored is not None and (restored.step, restored.tier) == (5, "memory")
         assert torch.equal(restored.state["w"], model_state(5)["w"]) and restored.state["step"] == 5
+        # The memory tier handed step 5's tensors over (no copy); older steps are still there or further down.
+        assert ckpt.available()["memory"] == [3, 4]
         older = ckpt.restore(step=3)
-        assert older is not None and (older.step, older.tier) == (3, "durable")
+        assert older is not None and (older.step, older.tier) == (3, "memory")
         assert torch.equal(older.state["w"], model_state(3)["w"])
+        with pytest.raises(CheckpointNotFound, match="step 2 is in no tier"):  # retention deleted it everywhere
+            ckpt.restore(step=2)
     finally:
         ckpt.close()
 

@@ -13,7 +13,7 @@ Integrations: ``raypod.checkpoint.dcp`` (PyTorch Distributed Checkpoint storage)
 the peer tier, Ray: it runs inside training processes.
 """
 
-from raypod.checkpoint.format import CorruptCheckpoint
+from raypod.checkpoint.format import CheckpointNotFound, CorruptCheckpoint
 from raypod.checkpoint.manager import CheckpointManager, Restored, Retention, Saved
 
-__all__ = ["CheckpointManager", "CorruptCheckpoint", "Restored", "Retention", "Saved"]
+__all__ = ["CheckpointManager", "CheckpointNotFound", "CorruptCheckpoint", "Restored", "Retention", "Saved"]

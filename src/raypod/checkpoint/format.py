@@ -13,13 +13,18 @@ The header holds the skeleton and, per tensor, dtype, shape, offset, size and an
 from __future__ import annotations
 
 import json
+import mmap
 import struct
+from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import xxhash
 
+T = TypeVar("T")
+Buffer = memoryview | bytes | bytearray | mmap.mmap
 MAGIC = b"RAYPODCK1\n"
 ALIGN = 64
 HEADER_KEYS = frozenset({"step", "rank", "world_size", "skeleton", "tensors"})
@@ -45,6 +50,10 @@ _DTYPES = {
 
 class CorruptCheckpoint(ValueError):
     """A shard whose bytes do not match its checksums, or that is not a raypod shard at all."""
+
+
+class CheckpointNotFound(LookupError):
+    """No tier holds the step asked for."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +133,18 @@ def as_bytes(tensor: torch.Tensor) -> memoryview:
     return view.cast("B")
 
 
+def parallel(work: Callable[[T], object], items: list[T], pool: Executor) -> None:
+    """Run ``work`` over ``items`` on two threads, largest items dealt alternately so both finish together."""
+    ordered = sorted(items, key=_size, reverse=True)
+    for future in [pool.submit(lambda part: [work(item) for item in part], ordered[i::2]) for i in (0, 1)]:
+        future.result()
+
+
+def _size(item: object) -> int:
+    tensor = item[0] if isinstance(item, tuple) else item
+    return int(tensor.numel() * tensor.element_size()) if isinstance(tensor, torch.Tensor) else 0
+
+
 def checksum(tensor: torch.Tensor) -> int:
     return int(xxhash.xxh3_64_intdigest(as_bytes(tensor)))
 
@@ -151,7 +172,7 @@ def encode_header(step: int, rank: int, world_size: int, skeleton: Any, metas: l
     return prefix + b"\0" * (-len(prefix) % ALIGN)
 
 
-def decode_header(blob: memoryview | bytes | bytearray) -> tuple[dict[str, Any], int]:
+def decode_header(blob: Buffer) -> tuple[dict[str, Any], int]:
     """Parse a shard's header; return it and where the data section starts.
 
     Raises:
@@ -174,7 +195,7 @@ def decode_header(blob: memoryview | bytes | bytearray) -> tuple[dict[str, Any],
     return header, data + (-data % ALIGN)
 
 
-def decode_shard(blob: memoryview | bytes | bytearray, copy: bool = True) -> tuple[dict[str, Any], Any]:
+def decode_shard(blob: Buffer, copy: bool = True) -> tuple[dict[str, Any], Any]:
     """Rebuild the state of a shard file's bytes, verifying every tensor's checksum.
 
     Raises:

@@ -7,9 +7,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import mmap
 import os
 import threading
 from collections.abc import Iterable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +33,7 @@ def shard_name(rank: int, world_size: int) -> str:
     return f"shard-{rank:05d}-of-{world_size:05d}"
 
 
-@dataclass
+@dataclass(eq=False)
 class Snapshot:
     """One rank's copy of a step in process memory: preallocated tensors, reused for later steps of the same
     layout, so a save is one memory copy."""
@@ -47,18 +49,17 @@ class Snapshot:
     def header(self, rank: int, world_size: int) -> bytes:
         return fmt.encode_header(self.step, rank, world_size, self.skeleton, self.metas)
 
-    def verified_state(self) -> Any:
-        """A copy of the state, every tensor checked against its checksum.
+    def verify(self, pool: Executor) -> None:
+        """Raises CorruptCheckpoint: a tensor does not match its checksum."""
+        bad: list[int] = []
 
-        Raises:
-            CorruptCheckpoint.
-        """
-        copies = []
-        for index, (tensor, meta) in enumerate(zip(self.tensors, self.metas, strict=True)):
-            if fmt.checksum(tensor) != meta.checksum:
-                raise fmt.CorruptCheckpoint(f"memory tier: tensor {index} of step {self.step} is corrupt")
-            copies.append(tensor.clone())
-        return fmt.unflatten(self.skeleton, copies)
+        def check(index: int) -> None:
+            if fmt.checksum(self.tensors[index]) != self.metas[index].checksum:
+                bad.append(index)
+
+        fmt.parallel(check, list(range(len(self.tensors))), pool)
+        if bad:
+            raise fmt.CorruptCheckpoint(f"memory tier: tensor {min(bad)} of step {self.step} is corrupt")
 
 
 def signature(tensors: list[torch.Tensor]) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -106,12 +107,27 @@ class MemoryTier:
         with self.lock:
             return sorted(s.step for s in self.snapshots if s.complete)[-self.keep :]
 
-    def load(self, step: int) -> Any:
+    def take(self, step: int, pool: Executor) -> Any:
+        """The state of a step, verified, without a copy: the snapshot's tensors are handed to the caller and
+        leave this tier (a later save allocates new ones).
+
+        Raises:
+            KeyError: not here. CorruptCheckpoint: it does not match its checksums.
+        """
         with self.lock:
-            found = next((s for s in self.snapshots if s.complete and s.step == step), None)
-        if found is None:
-            raise KeyError(step)
-        return found.verified_state()
+            found = next((s for s in self.snapshots if s.complete and s.step == step and not s.busy), None)
+            if found is None:
+                raise KeyError(step)
+            found.busy = True
+        try:
+            found.verify(pool)
+        except fmt.CorruptCheckpoint:
+            self.release(found)
+            raise
+        with self.lock:
+            self.snapshots.remove(found)
+            self.lock.notify_all()
+        return fmt.unflatten(found.skeleton, found.tensors)
 
     def corrupt(self, step: int) -> None:
         """Flip one byte of a stored snapshot (failure tests)."""
@@ -176,6 +192,16 @@ class FsspecTier:
     def load(self, step: int, rank: int, world_size: int) -> Any:
         blob_path, manifest_path = self._paths(step, rank, world_size)
         manifest = json.loads(self.fs.cat_file(manifest_path))
+        if self.is_local:
+            # Map the file copy-on-write: tensors come straight from the page cache, and stay writable.
+            with open(blob_path, "rb") as handle:
+                if os.fstat(handle.fileno()).st_size != manifest["bytes"]:
+                    raise fmt.CorruptCheckpoint(f"{self.name}: shard of step {step} has the wrong size")
+                mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+            header, state = fmt.decode_shard(mapped, copy=False)
+            if header["step"] != step or header["rank"] != rank:
+                raise fmt.CorruptCheckpoint(f"{self.name}: shard of step {step} holds step {header['step']}")
+            return state
         with self.fs.open(blob_path, "rb", block_size=64 * 2**20) as source:
             blob = bytearray(manifest["bytes"])
             view, read = memoryview(blob), 0
