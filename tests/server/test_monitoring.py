@@ -3,31 +3,12 @@ may view, raypod's /metrics is for admins, charts say clearly when monitoring is
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from raypod import config
-from raypod.backends.fake import FakeBackend
-from raypod.server.app import create_app
-from tests.server.console.test_pages import make_user, wait_ready
-
-
-@pytest.fixture
-def client(tmp_path: Path) -> Iterator[TestClient]:
-    settings = config.Settings(home=tmp_path, reconcile_interval_s=0.05, tls=False)
-    with TestClient(create_app(settings, backend=FakeBackend()), raise_server_exceptions=False) as test_client:
-        yield test_client
-
-
-@pytest.fixture
-def admin(tmp_path: Path, client: TestClient) -> dict[str, str]:
-    return {"Authorization": f"Bearer {json.loads((tmp_path / 'credentials').read_text())['token']}"}
+from tests.server.conftest import make_user, wait_ready
 
 
 def test_discovery_needs_a_token(client: TestClient) -> None:

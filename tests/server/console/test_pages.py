@@ -4,51 +4,15 @@ regions, the form/YAML conversions, escaping and headers, and who sees what."""
 from __future__ import annotations
 
 import html
-import json
 import re
-import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from raypod import config
-from raypod.backends.fake import FakeBackend
-from raypod.server.app import create_app
+from tests.server.conftest import make_user, wait_ready
 
 DEMO = {"name": "demo", "worker_groups": [{"name": "cpu", "replicas": 2}], "env": {"NOTE": "<script>alert(1)</script>"}}
-
-
-@pytest.fixture
-def client(tmp_path: Path) -> Iterator[TestClient]:
-    settings = config.Settings(home=tmp_path, reconcile_interval_s=0.05, tls=False)
-    with TestClient(create_app(settings, backend=FakeBackend()), raise_server_exceptions=False) as test_client:
-        yield test_client
-
-
-@pytest.fixture
-def admin(tmp_path: Path, client: TestClient) -> dict[str, str]:
-    return {"Authorization": f"Bearer {json.loads((tmp_path / 'credentials').read_text())['token']}"}
-
-
-def make_user(client: TestClient, admin: dict[str, str], name: str, team: str) -> dict[str, str]:
-    if client.post("/api/v1/teams", json={"name": team}, headers=admin).status_code == 201:
-        client.post("/api/v1/namespaces", json={"name": team, "team": team}, headers=admin).raise_for_status()
-    client.post("/api/v1/users", json={"name": name, "team": team}, headers=admin).raise_for_status()
-    token = client.post("/api/v1/tokens", json={"user": name}, headers=admin).json()["token"]
-    return {"Authorization": f"Bearer {token}"}
-
-
-def wait_ready(client: TestClient, headers: dict[str, str], namespace: str, name: str) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        view = client.get(f"/api/v1/namespaces/{namespace}/clusters/{name}", headers=headers).json()
-        if view["status"]["phase"] == "Ready":
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{namespace}/{name} never became Ready")
 
 
 def test_pages_send_a_browser_to_login_and_back(client: TestClient) -> None:
