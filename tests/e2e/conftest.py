@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -22,6 +23,12 @@ import pytest
 
 from raypod.backends import local
 from raypod.client import Client
+from tests.conftest import REPO
+
+CHROMIUM = os.environ.get("RAYPOD_TEST_CHROMIUM", "/usr/bin/chromium")
+BROWSER_ARTIFACTS = Path(os.environ.get("RAYPOD_TEST_ARTIFACTS", REPO / "test-artifacts"))
+# CI sets RAYPOD_REQUIRE_BROWSER=1, so a missing browser fails there instead of skipping.
+BROWSER_MISSING = not Path(CHROMIUM).exists() and not os.environ.get("RAYPOD_REQUIRE_BROWSER")
 
 
 def free_port() -> int:
@@ -164,3 +171,35 @@ def run_driver(server: RaypodServer, address: str, code: str, timeout: float = 1
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's chromium, headless, driven by Playwright (a module per launch)."""
+    playwright_sync = pytest.importorskip("playwright.sync_api")
+    with playwright_sync.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            # This machine has no network beyond loopback: keep Chromium from trying to phone home.
+            args=["--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"],
+        )
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    # The server's certificate is self-signed and made at first start; the browser is told to accept it.
+    context = browser.new_context(ignore_https_errors=True, viewport={"width": 1366, "height": 900})
+    context.set_default_timeout(30_000)
+    opened = context.new_page()
+    yield opened
+    context.close()
+
+
+def log_in(page: Any, server: RaypodServer, path: str = "/") -> None:
+    page.goto(f"{server.url}/login?next={path}")
+    page.get_by_label("API token").fill(server.admin_token)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(f"{server.url}{path}")

@@ -5,24 +5,17 @@ stream, scale, filter events, delete. Each step leaves a screenshot in test-arti
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from raypod import errors
-from tests.conftest import REPO
-from tests.e2e.conftest import RaypodServer
+from tests.e2e.conftest import BROWSER_ARTIFACTS, BROWSER_MISSING, CHROMIUM, RaypodServer
 
-CHROMIUM = os.environ.get("RAYPOD_TEST_CHROMIUM", "/usr/bin/chromium")
-ARTIFACTS = Path(os.environ.get("RAYPOD_TEST_ARTIFACTS", REPO / "test-artifacts")) / "console"
 CLUSTER = "console-demo"
-
-# CI sets RAYPOD_REQUIRE_BROWSER=1, so a missing browser fails there instead of skipping.
-BROWSER_MISSING = not Path(CHROMIUM).exists() and not os.environ.get("RAYPOD_REQUIRE_BROWSER")
+ARTIFACTS = BROWSER_ARTIFACTS / "console"
 
 pytestmark = [
     pytest.mark.e2e,
@@ -33,29 +26,6 @@ pytestmark = [
 
 playwright_sync = pytest.importorskip("playwright.sync_api")
 expect = playwright_sync.expect
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[playwright_sync.Browser]:
-    with playwright_sync.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            # This machine has no network beyond loopback: keep Chromium from trying to phone home.
-            args=["--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"],
-        )
-        yield launched
-        launched.close()
-
-
-@pytest.fixture
-def page(browser: playwright_sync.Browser) -> Iterator[playwright_sync.Page]:
-    # The server's certificate is self-signed and made at first start; the browser is told to accept it.
-    context = browser.new_context(ignore_https_errors=True, viewport={"width": 1366, "height": 900})
-    context.set_default_timeout(30_000)
-    opened = context.new_page()
-    yield opened
-    context.close()
 
 
 class Shots:

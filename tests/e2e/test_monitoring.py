@@ -18,7 +18,7 @@ import pytest
 
 from raypod import errors
 from raypod.capabilities.observability import dashboards, prometheus
-from tests.e2e.conftest import RaypodServer, free_port
+from tests.e2e.conftest import BROWSER_ARTIFACTS, BROWSER_MISSING, CHROMIUM, RaypodServer, free_port, log_in
 from tests.e2e.test_gateway import run_cli
 
 PROMETHEUS = os.environ.get("RAYPOD_PROMETHEUS_BIN") or shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -153,6 +153,22 @@ def test_console_charts_and_the_ray_dashboard_use_prometheus(
     with raypod_server.client() as api:
         health = api.request("GET", "/clusters/default/mon-a/api/prometheus_health")
     assert health["result"] is True, health
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(BROWSER_MISSING, reason=f"{CHROMIUM} is not installed (apt-get install chromium)")
+def test_the_console_draws_the_cluster_charts(
+    raypod_server: RaypodServer, prom: prometheus.PrometheusClient, clusters: list[str], page: Any
+) -> None:
+    eventually(lambda: "mon-a" in clusters_with(prom, "ray_node_mem_used"))
+    log_in(page, raypod_server, "/namespaces/default/clusters/mon-a")
+    cpu = page.locator("figure.chart[data-chart=cpu]")
+    cpu.locator("polyline[data-series=head]").wait_for(timeout=60_000)
+    assert "head" in (cpu.locator("svg").first.get_attribute("aria-label") or "")
+    assert page.locator("figure.chart").count() >= 4
+    folder = BROWSER_ARTIFACTS / "monitoring"
+    folder.mkdir(parents=True, exist_ok=True)
+    page.locator("#charts").screenshot(path=folder / "cluster-charts.png")
 
 
 def test_a_deleted_cluster_drops_out_of_discovery_and_scraping(
