@@ -12,9 +12,11 @@ PORT_RANGE = range(20000, 30000)
 
 
 def is_bindable(port: int) -> bool:
+    """Whether nothing holds ``port`` on any address: Ray binds its gRPC ports to the host's address, not
+    loopback, so a loopback-only probe would miss them (and another installation's nodes)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind(("", port))
         except OSError:
             return False
     return True
