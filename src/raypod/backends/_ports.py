@@ -15,6 +15,8 @@ def is_bindable(port: int) -> bool:
     """Whether nothing holds ``port`` on any address: Ray binds its gRPC ports to the host's address, not
     loopback, so a loopback-only probe would miss them (and another installation's nodes)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As Ray's servers do: connections in TIME_WAIT do not keep a port from being reused, listeners do.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("", port))
         except OSError:
