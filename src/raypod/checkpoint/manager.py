@@ -170,21 +170,19 @@ class CheckpointManager:
         with self.memory.lock:
             snapshot.complete = True
         self.persisted["memory"] = snapshot.step
-        if self.peer is not None:
-            self._try("peer", snapshot.step, lambda: self.peer.write(snapshot, self.rank, self.world_size))  # type: ignore[union-attr]
+        rank, world = self.rank, self.world_size
+        peer, disk, durable = self.peer, self.disk, self.durable
+        if peer is not None:
+            self._try("peer", snapshot.step, lambda: peer.write(snapshot, rank, world))
         local_copy = None
-        if self.disk is not None:
-            local_copy = self._try("disk", snapshot.step, lambda: self.disk.write(snapshot, self.rank, self.world_size))  # type: ignore[union-attr]
+        if disk is not None:
+            local_copy = self._try("disk", snapshot.step, lambda: disk.write(snapshot, rank, world))
             if local_copy is not None:
-                self._retain(self.disk, self.retention.disk)
-        if self.durable is not None:
-            written = self._try(
-                "durable",
-                snapshot.step,
-                lambda: self.durable.write(snapshot, self.rank, self.world_size, local_copy),  # type: ignore[union-attr]
-            )
+                self._retain(disk, self.retention.disk)
+        if durable is not None:
+            written = self._try("durable", snapshot.step, lambda: durable.write(snapshot, rank, world, local_copy))
             if written is not None:
-                self._retain(self.durable, self.retention.durable)
+                self._retain(durable, self.retention.durable)
 
     def _try(self, tier: str, step: int, write: Callable[[], Any]) -> Any:
         """Write to one tier; a failure is logged and remembered, and the other tiers go on."""

@@ -10,6 +10,7 @@ import logging
 import mmap
 import os
 import threading
+import zlib
 from collections.abc import Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -202,15 +203,11 @@ class FsspecTier:
             if header["step"] != step or header["rank"] != rank:
                 raise fmt.CorruptCheckpoint(f"{self.name}: shard of step {step} holds step {header['step']}")
             return state
+        blob = bytearray(manifest["bytes"])  # read straight into one buffer the tensors will share
         with self.fs.open(blob_path, "rb", block_size=64 * 2**20) as source:
-            blob = bytearray(manifest["bytes"])
             view, read = memoryview(blob), 0
             while read < len(blob):
-                chunk = source.readinto(view[read:]) if hasattr(source, "readinto") else None
-                if chunk is None:
-                    data = source.read(len(blob) - read)
-                    view[read : read + len(data)] = data
-                    chunk = len(data)
+                chunk = source.readinto(view[read:])
                 if not chunk:
                     raise fmt.CorruptCheckpoint(f"{self.name}: shard of step {step} is truncated")
                 read += chunk
@@ -293,7 +290,7 @@ class PeerTier:
             raise RuntimeError("no other alive node to hold a peer replica")
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        peer_node = others[hash(self.actor_name) % len(others)]
+        peer_node = others[zlib.crc32(self.actor_name.encode()) % len(others)]  # the same in every process
         self._actor = (
             ray.remote(num_cpus=0, max_restarts=0)(PeerReplica)
             .options(
