@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,18 +22,13 @@ import pytest
 
 from raypod.backends import local
 from raypod.client import Client
+from raypod.testing import free_port
 from tests.conftest import REPO
 
 CHROMIUM = os.environ.get("RAYPOD_TEST_CHROMIUM", "/usr/bin/chromium")
 BROWSER_ARTIFACTS = Path(os.environ.get("RAYPOD_TEST_ARTIFACTS", REPO / "test-artifacts"))
 # CI sets RAYPOD_REQUIRE_BROWSER=1, so a missing browser fails there instead of skipping.
 BROWSER_MISSING = not Path(CHROMIUM).exists() and not os.environ.get("RAYPOD_REQUIRE_BROWSER")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
