@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from raypod.checkpoint import CheckpointManager, CheckpointNotFound, CorruptCheckpoint, Retention
+from raypod.checkpoint.tiers import step_dir
 
 
 def model_state(seed: int) -> dict[str, Any]:
@@ -113,6 +114,33 @@ def test_a_sharded_step_is_complete_only_when_every_rank_wrote_its_shard(tmp_pat
     finally:
         for ckpt in ranks:
             ckpt.close()
+
+
+def test_a_rank_running_ahead_keeps_its_own_disk_retention_and_leaves_the_others_shards(tmp_path: Path) -> None:
+    """Ranks of one node share the local folder; rank 1 saving steps 1..5 while rank 0 stopped at 2 must not
+    delete rank 0's shards (a restart restores rank 0 from disk)."""
+    ranks = [manager(tmp_path, rank=rank, world_size=2) for rank in (0, 1)]
+    try:
+        for step in range(1, 6):
+            for rank, ckpt in enumerate(ranks):
+                if rank == 0 and step > 2:
+                    continue
+                ckpt.save({"shard": torch.full((8,), float(10 * step + rank))}, step)
+                ckpt.wait()
+        assert ranks[0].available()["disk"] == [1, 2]
+        assert ranks[1].available()["disk"] == [4, 5]
+        folders = sorted(p.name for p in (tmp_path / "local" / "run").iterdir())
+        assert folders == [step_dir(step) for step in (1, 2, 4, 5)]  # step 3 had only rank 1's shard: gone
+    finally:
+        for ckpt in ranks:
+            ckpt.close()
+    restarted = manager(tmp_path, rank=0, world_size=2)
+    try:
+        restored = restarted.restore(at_most=2)
+        assert restored is not None and (restored.step, restored.tier) == (2, "disk")
+        assert restored.state["shard"][0].item() == 20.0
+    finally:
+        restarted.close()
 
 
 def test_a_failing_tier_is_reported_and_the_others_go_on(tmp_path: Path) -> None:

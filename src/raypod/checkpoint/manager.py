@@ -199,12 +199,15 @@ class CheckpointManager:
         return result if result is not None else True
 
     def _retain(self, tier: tiers.FsspecTier, keep: int) -> None:
-        """Delete this rank's view of older steps; rank 0 alone deletes in shared tiers, and only complete ones."""
-        if tier is self.durable and self.rank != 0:
+        """Delete older steps: on local disk this rank's own shards (ranks of a node share the folder); in durable
+        storage rank 0 alone deletes, and only steps every rank completed."""
+        if tier is self.durable:
+            if self.rank == 0:
+                complete = tier.steps(self.rank, self.world_size, every_rank=True)
+                tier.delete_steps(complete[:-keep])
             return
-        complete = tier.steps(self.rank, self.world_size, every_rank=tier is self.durable)
-        if len(complete) > keep:
-            tier.delete_steps(complete[:-keep])
+        own = tier.steps(self.rank, self.world_size, every_rank=False)
+        tier.delete_shards(own[:-keep], self.rank, self.world_size)
 
     # -- restore -----------------------------------------------------------------------------------------------
 

@@ -217,9 +217,23 @@ class FsspecTier:
         return state
 
     def delete_steps(self, steps: Iterable[int]) -> None:
+        """Delete whole steps, every rank's shards."""
         for step in steps:
             with contextlib.suppress(FileNotFoundError, OSError):
                 self.fs.rm(f"{self.root}/{step_dir(step)}", recursive=True)
+
+    def delete_shards(self, steps: Iterable[int], rank: int, world_size: int) -> None:
+        """Delete one rank's shards of these steps (manifest first, so a half-deleted shard is never listed), and
+        a step's folder once no rank's shard is left in it: ranks on one node share a local folder, and one rank
+        running ahead must not delete what another still needs."""
+        for step in steps:
+            blob_path, manifest_path = self._paths(step, rank, world_size)
+            for path in (manifest_path, blob_path):
+                with contextlib.suppress(FileNotFoundError, OSError):
+                    self.fs.rm_file(path)
+            with contextlib.suppress(FileNotFoundError, OSError):
+                if not self.fs.ls(f"{self.root}/{step_dir(step)}", detail=False):
+                    self.fs.rmdir(f"{self.root}/{step_dir(step)}")
 
     def corrupt(self, step: int, rank: int, world_size: int) -> None:
         """Flip a byte in the middle of a stored shard (failure tests)."""
