@@ -29,6 +29,8 @@ def test_save_returns_before_persisting_and_restore_prefers_memory(tmp_path: Pat
         for step in range(1, 6):
             saved = ckpt.save(model_state(step), step)
             assert saved.step == step
+        assert saved.wait(timeout=60)  # step 5 is persisted: the durable tier holds it now
+        assert ckpt.persisted["durable"] == 5 and 5 in ckpt.available()["durable"]
         assert ckpt.wait(timeout=60)
         assert ckpt.available() == {"memory": [4, 5], "disk": [4, 5], "durable": [3, 4, 5]}
         restored = ckpt.restore()

@@ -43,6 +43,11 @@ DEFAULT_RETENTION = Retention()
 class Saved:
     step: int
     stall_s: float  # how long save() blocked the caller
+    done: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until this step is persisted in every tier (or failed there); return whether it was."""
+        return self.done.wait(timeout)
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,7 @@ class CheckpointManager:
         self.agree = agree or _agree
         self.errors: dict[str, str] = {}  # tier -> last error, for callers and metrics
         self.persisted: dict[str, int] = {}  # tier -> newest step written there
-        self._queue: queue.Queue[tiers.Snapshot | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[tiers.Snapshot, threading.Event] | None] = queue.Queue()
         self._idle = threading.Condition()
         self._pending = 0
         # Copies and checksums run on two threads: one Python thread cannot saturate memory bandwidth.
@@ -118,10 +123,11 @@ class CheckpointManager:
         else:
             fmt.parallel(lambda pair: pair[0].copy_(pair[1].detach()), pairs, self._workers)
         snapshot.step, snapshot.skeleton = step, skeleton
+        saved = Saved(step, time.perf_counter() - started)
         with self._idle:
             self._pending += 1
-        self._queue.put(snapshot)
-        return Saved(step, time.perf_counter() - started)
+        self._queue.put((snapshot, saved.done))
+        return saved
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every save so far is persisted in every tier (or failed there); return whether it was."""
@@ -150,13 +156,15 @@ class CheckpointManager:
         # Persisting is background work: at the lowest CPU priority, training threads win the cores.
         with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        while (snapshot := self._queue.get()) is not None:
+        while (item := self._queue.get()) is not None:
+            snapshot, done = item
             try:
                 self._persist(snapshot)
             except Exception:
                 log.exception("checkpoint step %s: persisting failed", snapshot.step)
             finally:
                 self.memory.release(snapshot)
+                done.set()
                 with self._idle:
                     self._pending -= 1
                     self._idle.notify_all()

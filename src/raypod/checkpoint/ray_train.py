@@ -8,10 +8,10 @@
         ...
         ray_train.save_and_report(manager, state, step, {"loss": loss})
 
-Ray Train records, with each report, a tiny checkpoint naming the step (one file per rank), so after a restart
-``ray.train.get_checkpoint()`` says which step every rank reported; the state itself comes from the fastest raypod
-tier that holds that step: the peer node's memory, the local disk, or durable storage (the process' own memory
-tier is gone after a restart).
+Ray Train records, with each report, a tiny checkpoint naming the step (one file per rank), once raypod has
+persisted that step, so after a restart ``ray.train.get_checkpoint()`` says which step every rank reported; the
+state itself comes from the fastest raypod tier that holds that step: the peer node's memory, the local disk, or
+durable storage (the process' own memory tier is gone after a restart).
 """
 
 from __future__ import annotations
@@ -56,16 +56,29 @@ def checkpoint_manager(
 
 
 def save_and_report(manager: CheckpointManager, state: Any, step: int, metrics: dict[str, Any]) -> Saved:
-    """Snapshot ``state`` (returns after the memory copy), then report ``metrics`` with a checkpoint that names
-    the step. Every rank must call it, as with ``ray.train.report``."""
+    """Snapshot ``state`` and report ``metrics`` with a checkpoint that names the step; returns after the memory
+    copy. Every rank must call it, as with ``ray.train.report``.
+
+    The report uses Ray Train's asynchronous upload with an upload function that first waits until raypod has
+    persisted the step: training never waits for storage, and the step Ray Train hands back after a failure is
+    one raypod's tiers hold."""
     saved = manager.save(state, step)
-    with tempfile.TemporaryDirectory() as folder:
-        marker = {"step": step, "run": manager.run, "world_size": manager.world_size}
-        (Path(folder) / f"{MARKER_PREFIX}{manager.rank}.json").write_text(json.dumps(marker))
-        ray.train.report(
-            {**metrics, "raypod_step": step, "raypod_stall_ms": saved.stall_s * 1000},
-            checkpoint=ray.train.Checkpoint.from_directory(folder),
-        )
+    storage = ray.train.get_context().get_storage()
+    folder = Path(tempfile.mkdtemp(prefix="raypod-train-"))  # Ray deletes it once uploaded
+    marker = {"step": step, "run": manager.run, "world_size": manager.world_size}
+    (folder / f"{MARKER_PREFIX}{manager.rank}.json").write_text(json.dumps(marker))
+
+    def upload_once_persisted(checkpoint: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
+        saved.wait()
+        persisted: ray.train.Checkpoint = storage.persist_current_checkpoint(checkpoint, dir_name)
+        return persisted
+
+    ray.train.report(
+        {**metrics, "raypod_step": step, "raypod_stall_ms": saved.stall_s * 1000},
+        checkpoint=ray.train.Checkpoint.from_directory(folder),
+        checkpoint_upload_mode=ray.train.CheckpointUploadMode.ASYNC,
+        checkpoint_upload_fn=upload_once_persisted,
+    )
     return saved
 
 
