@@ -145,6 +145,28 @@ def test_a_rank_running_ahead_keeps_its_own_disk_retention_and_leaves_the_others
         restarted.close()
 
 
+def test_durable_retention_also_deletes_older_incomplete_steps(tmp_path: Path) -> None:
+    ranks = [manager(tmp_path, rank=rank, world_size=2) for rank in (0, 1)]
+    try:
+        for step in range(1, 6):
+            for ckpt in reversed(ranks):  # rank 0 last: it deletes in durable storage
+                if step == 1 and ckpt.rank == 1:
+                    continue  # rank 1 died before uploading step 1: that step can never be restored
+                ckpt.save({"shard": torch.full((8,), float(step))}, step)
+                ckpt.wait()
+        durable = ranks[0].durable
+        assert durable is not None
+        assert durable.stored_steps() == [3, 4, 5]  # keep=3; the incomplete step 1 went with step 2
+    finally:
+        for ckpt in ranks:
+            ckpt.close()
+
+
+def test_a_retention_below_one_step_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"Retention\.disk must be a whole number of steps, at least 1"):
+        Retention(disk=0)
+
+
 def test_a_failing_tier_is_reported_and_the_others_go_on(tmp_path: Path) -> None:
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("a file where the durable directory should be")

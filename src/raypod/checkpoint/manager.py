@@ -35,6 +35,11 @@ class Retention:
     disk: int = 3
     durable: int = 5
 
+    def __post_init__(self) -> None:
+        for tier, keep in vars(self).items():
+            if not isinstance(keep, int) or keep < 1:
+                raise ValueError(f"Retention.{tier} must be a whole number of steps, at least 1 (got {keep!r})")
+
 
 DEFAULT_RETENTION = Retention()
 
@@ -210,9 +215,10 @@ class CheckpointManager:
         """Delete older steps: on local disk this rank's own shards (ranks of a node share the folder); in durable
         storage rank 0 alone deletes, and only steps every rank completed."""
         if tier is self.durable:
-            if self.rank == 0:
-                complete = tier.steps(self.rank, self.world_size, every_rank=True)
-                tier.delete_steps(complete[:-keep])
+            complete = tier.steps(self.rank, self.world_size, every_rank=True)
+            if self.rank == 0 and len(complete) > keep:
+                # Older steps go too when incomplete (a rank died mid-upload): they can never be restored.
+                tier.delete_steps(step for step in tier.stored_steps() if step < complete[-keep])
             return
         own = tier.steps(self.rank, self.world_size, every_rank=False)
         tier.delete_shards(own[:-keep], self.rank, self.world_size)

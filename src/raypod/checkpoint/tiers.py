@@ -173,8 +173,8 @@ class FsspecTier:
         _atomic_text(self.fs, manifest_path, json.dumps(manifest), self.is_local)
         return blob_path
 
-    def steps(self, rank: int, world_size: int, every_rank: bool) -> list[int]:
-        """Steps whose manifest is written: this rank's, or (``every_rank``) every rank's."""
+    def stored_steps(self) -> list[int]:
+        """Every step with a folder here, complete or not."""
         try:
             entries = self.fs.ls(self.root, detail=False)
         except (FileNotFoundError, OSError):
@@ -182,13 +182,19 @@ class FsspecTier:
         found = []
         for entry in entries:
             name = entry.rstrip("/").rsplit("/", 1)[-1]
-            if not name.startswith("step-"):
-                continue
-            step = int(name.removeprefix("step-"))
-            ranks = range(world_size) if every_rank else (rank,)
-            if all(self.fs.exists(self._paths(step, r, world_size)[1]) for r in ranks):
-                found.append(step)
+            number = name.removeprefix("step-")
+            if name.startswith("step-") and number.isdigit():
+                found.append(int(number))
         return sorted(found)
+
+    def steps(self, rank: int, world_size: int, every_rank: bool) -> list[int]:
+        """Steps whose manifest is written: this rank's, or (``every_rank``) every rank's."""
+        ranks = range(world_size) if every_rank else (rank,)
+        return [
+            step
+            for step in self.stored_steps()
+            if all(self.fs.exists(self._paths(step, r, world_size)[1]) for r in ranks)
+        ]
 
     def load(self, step: int, rank: int, world_size: int) -> Any:
         blob_path, manifest_path = self._paths(step, rank, world_size)
