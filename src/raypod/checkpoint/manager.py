@@ -215,8 +215,10 @@ class CheckpointManager:
         """Delete older steps: on local disk this rank's own shards (ranks of a node share the folder); in durable
         storage rank 0 alone deletes, and only steps every rank completed."""
         if tier is self.durable:
+            if self.rank != 0:
+                return  # no listing of shared storage on every rank's save
             complete = tier.steps(self.rank, self.world_size, every_rank=True)
-            if self.rank == 0 and len(complete) > keep:
+            if len(complete) > keep:
                 # Older steps go too when incomplete (a rank died mid-upload): they can never be restored.
                 tier.delete_steps(step for step in tier.stored_steps() if step < complete[-keep])
             return
