@@ -55,6 +55,7 @@ class Settings:
     reconcile_interval_s: float = 1.0
     drain_timeout_s: float = 30.0
     node_start_timeout_s: float = 180.0
+    gcs_unreachable_timeout_s: float = 60.0
     fast_health_checks: bool = True
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -69,6 +70,7 @@ class Settings:
             "reconcile_interval_s": _float_env("RAYPOD_RECONCILE_INTERVAL_S", 1.0),
             "drain_timeout_s": _float_env("RAYPOD_DRAIN_TIMEOUT_S", 30.0),
             "node_start_timeout_s": _float_env("RAYPOD_NODE_START_TIMEOUT_S", 180.0),
+            "gcs_unreachable_timeout_s": _float_env("RAYPOD_GCS_UNREACHABLE_TIMEOUT_S", 60.0),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

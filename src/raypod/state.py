@@ -20,6 +20,7 @@ class NodePhase(StrEnum):
     RUNNING = "Running"
     DRAINING = "Draining"
     DEAD = "Dead"
+    UNKNOWN = "Unknown"  # the process lives but Ray's GCS does not answer: nothing may be concluded about it
 
 
 class ClusterPhase(StrEnum):
@@ -29,6 +30,7 @@ class ClusterPhase(StrEnum):
     DEGRADED = "Degraded"
     DELETING = "Deleting"
     FAILED = "Failed"
+    UNKNOWN = "Unknown"  # raypod cannot observe the cluster right now (its GCS does not answer)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,9 @@ class ObservedCluster:
     nodes: dict[str, ObservedNode] = field(default_factory=dict)
     endpoints: dict[str, str] = field(default_factory=dict)
     stray_nodes: frozenset[str] = frozenset()
+    # False when the GCS exists but did not answer: then nodes that live are UNKNOWN, not STARTING or DEAD.
+    gcs_reachable: bool = True
+    gcs_error: str = ""
 
     @property
     def head(self) -> ObservedNode | None:

@@ -31,8 +31,10 @@ def node(name: str, phase: Phase = Phase.RUNNING, started: float = NOW - 10, **e
     )
 
 
-def observed(*nodes: state.ObservedNode, strays: frozenset[str] = frozenset()) -> state.ObservedCluster:
-    return state.ObservedCluster(nodes={n.name: n for n in nodes}, stray_nodes=strays)
+def observed(
+    *nodes: state.ObservedNode, strays: frozenset[str] = frozenset(), gcs_reachable: bool = True
+) -> state.ObservedCluster:
+    return state.ObservedCluster(nodes={n.name: n for n in nodes}, stray_nodes=strays, gcs_reachable=gcs_reachable)
 
 
 def summary(planned: list[actions.Action]) -> list[tuple[str, str, str]]:
@@ -139,3 +141,30 @@ def test_deletion_stops_workers_before_the_head_then_releases() -> None:
 def test_plan_is_deterministic() -> None:
     seen = observed(node("head"), node("cpu-0", Phase.DEAD))
     assert run(spec(3), seen) == run(spec(3), seen)
+
+
+def test_gcs_unreachable_deletes_nothing_even_long_after_the_start_timeout() -> None:
+    """The defect this guards: a GCS timeout looked like an empty node table, so every live node (the head
+    included) was STARTING, and older than the start timeout it was deleted as NodeStartTimedOut."""
+    old = NOW - 10 * plan.DEFAULT_SETTINGS.node_start_timeout_s
+    unknown = [node(name, Phase.UNKNOWN, started=old) for name in ("head", "cpu-0", "cpu-1")]
+    assert run(spec(), observed(*unknown, gcs_reachable=False)) == []
+
+
+def test_gcs_unreachable_leaves_surplus_and_missing_nodes_alone() -> None:
+    unknown = [node(name, Phase.UNKNOWN) for name in ("head", "cpu-0", "cpu-1", "cpu-2")]
+    assert run(spec(3), observed(*unknown[:2], gcs_reachable=False)) == []  # no worker joins an unknown head
+    assert run(spec(1), observed(*unknown, gcs_reachable=False)) == []  # no drain or delete of surplus either
+
+
+def test_gcs_unreachable_still_replaces_a_node_whose_process_exited() -> None:
+    seen = observed(node("head", Phase.UNKNOWN), node("cpu-0", Phase.DEAD), node("cpu-1", Phase.UNKNOWN))
+    assert run(spec(), seen.__class__(nodes=seen.nodes, gcs_reachable=False)) == [
+        ("DeleteNode", "cpu-0", "RemovedDeadNode")
+    ]
+
+
+def test_start_timeout_does_not_count_while_the_gcs_is_unreachable() -> None:
+    stuck = node("cpu-1", Phase.STARTING, started=NOW - 1000)
+    seen = observed(node("head", Phase.UNKNOWN), node("cpu-0", Phase.UNKNOWN), stuck, gcs_reachable=False)
+    assert run(spec(), seen) == []

@@ -11,12 +11,14 @@ Phase = state.NodePhase
 SPEC = spec_mod.parse_spec({"name": "demo", "worker_groups": [{"name": "cpu", "replicas": 1}]})
 
 
-def seen(**phases: Phase) -> state.ObservedCluster:
+def seen(gcs_reachable: bool = True, **phases: Phase) -> state.ObservedCluster:
     return state.ObservedCluster(
         nodes={
             name: state.ObservedNode(name, "cpu", name == "head", phase, started_at=0.0)
             for name, phase in phases.items()
-        }
+        },
+        gcs_reachable=gcs_reachable,
+        gcs_error="" if gcs_reachable else "timed out",
     )
 
 
@@ -26,6 +28,7 @@ def derive(
     outcomes: list[execute.Outcome] | None = None,
     now: datetime = T0,
     deleting: bool = False,
+    replacing: frozenset[str] = frozenset(),
 ) -> state.ClusterStatus:
     return status.derive_status(
         SPEC,
@@ -35,6 +38,8 @@ def derive(
         generation=3,
         previous=previous or state.ClusterStatus(),
         now=now,
+        replacing=replacing,
+        gcs_unreachable_timeout_s=60,
     )
 
 
@@ -52,14 +57,40 @@ def test_provisioning_while_nodes_start_and_while_surplus_nodes_drain() -> None:
     assert "removing cpu-1" in draining.message
 
 
-def test_degraded_after_losing_a_running_node_until_it_is_back() -> None:
-    ready = derive(seen(head=Phase.RUNNING, **{"cpu-0": Phase.RUNNING}))
-    lost = derive(seen(head=Phase.RUNNING, **{"cpu-0": Phase.DEAD}), previous=ready)
+def test_degraded_while_a_lost_node_is_replaced_until_it_is_back() -> None:
+    lost = derive(seen(head=Phase.RUNNING, **{"cpu-0": Phase.DEAD}), replacing=frozenset({"cpu-0"}))
     assert lost.phase is state.ClusterPhase.DEGRADED
-    replacing = derive(seen(head=Phase.RUNNING, **{"cpu-0": Phase.STARTING}), previous=lost)
+    replacing = derive(seen(head=Phase.RUNNING, **{"cpu-0": Phase.STARTING}), replacing=frozenset({"cpu-0"}))
     assert replacing.phase is state.ClusterPhase.DEGRADED
-    back = derive(seen(head=Phase.RUNNING, **{"cpu-0": Phase.RUNNING}), previous=replacing)
+    back = derive(seen(head=Phase.RUNNING, **{"cpu-0": Phase.RUNNING}), replacing=frozenset({"cpu-0"}))
     assert back.phase is state.ClusterPhase.READY
+
+
+def test_status_is_computed_from_observation_and_events_not_from_the_previous_status() -> None:
+    """A restarted server (no previous status) shows the same phase as one that watched the node die."""
+    observation = seen(head=Phase.RUNNING, **{"cpu-0": Phase.STARTING})
+    degraded_before = state.ClusterStatus(phase=state.ClusterPhase.DEGRADED)
+    fresh = derive(observation, replacing=frozenset({"cpu-0"}))
+    watched = derive(observation, previous=degraded_before, replacing=frozenset({"cpu-0"}))
+    assert fresh.phase is watched.phase is state.ClusterPhase.DEGRADED
+    # A first start is provisioning, whatever the previous status said.
+    assert derive(observation, previous=degraded_before).phase is state.ClusterPhase.PROVISIONING
+
+
+def test_unreachable_gcs_is_unknown_with_a_condition_that_escalates_after_the_bound() -> None:
+    up = derive(seen(head=Phase.RUNNING, **{"cpu-0": Phase.RUNNING}), now=T0)
+    blind = seen(False, head=Phase.UNKNOWN, **{"cpu-0": Phase.UNKNOWN})
+    first = derive(blind, previous=up, now=T0 + timedelta(seconds=1))
+    assert first.phase is state.ClusterPhase.UNKNOWN
+    assert "2 node(s) unknown" in first.message
+    condition = first.condition("GCSReachable")
+    assert condition is not None and not condition.status and condition.reason == "GCSNotAnswering"
+    later = derive(blind, previous=first, now=T0 + timedelta(seconds=62))
+    condition = later.condition("GCSReachable")
+    assert condition is not None and condition.reason == "GCSUnreachableTooLong"
+    assert condition.last_transition == T0 + timedelta(seconds=1)
+    again = derive(seen(head=Phase.RUNNING, **{"cpu-0": Phase.RUNNING}), previous=later, now=T0 + timedelta(seconds=63))
+    assert again.phase is state.ClusterPhase.READY and again.condition("GCSReachable").status  # type: ignore[union-attr]
 
 
 def test_permanent_failure_fails_the_cluster_and_sets_replica_failure() -> None:

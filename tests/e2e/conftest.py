@@ -36,6 +36,7 @@ class RaypodServer:
     home: Path
     port: int
     process: subprocess.Popen[bytes] | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
     log: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -54,6 +55,7 @@ class RaypodServer:
             "RAYPOD_SERVER": self.url,
             "RAYPOD_RECONCILE_INTERVAL_S": "0.5",
             "RAYPOD_DRAIN_TIMEOUT_S": "30",
+            **self.extra_env,
         }
 
     @property

@@ -27,6 +27,8 @@ class FakeBackend:
         self.nodes: dict[str, dict[str, state.ObservedNode]] = {}
         self.calls: list[tuple[str, str, str]] = []
         self.fail_next_create: str | None = None
+        self.held_starting: set[str] = set()  # node names that stay Starting until removed from this set
+        self.unreachable: set[str] = set()  # clusters whose GCS does not answer (see ``set_gcs_reachable``)
 
     def capacity(self) -> base.HostCapacity:
         return self._capacity
@@ -34,8 +36,21 @@ class FakeBackend:
     def observe(self, cluster_id: str) -> state.ObservedCluster:
         with self._lock:
             nodes = self.nodes.get(cluster_id, {})
+            if cluster_id in self.unreachable:
+                unknown = {
+                    name: _replace(node, phase=state.NodePhase.UNKNOWN, reason="the GCS does not answer")
+                    if node.phase is not state.NodePhase.DEAD
+                    else node
+                    for name, node in nodes.items()
+                }
+                return state.ObservedCluster(
+                    nodes=unknown,
+                    endpoints={"dashboard": f"http://fake/{cluster_id}"} if nodes else {},
+                    gcs_reachable=False,
+                    gcs_error="injected: the GCS does not answer",
+                )
             for name, node in list(nodes.items()):
-                if node.phase is state.NodePhase.STARTING:
+                if node.phase is state.NodePhase.STARTING and name not in self.held_starting:
                     nodes[name] = _replace(
                         node,
                         phase=state.NodePhase.RUNNING,
@@ -73,6 +88,11 @@ class FakeBackend:
         with self._lock:
             self.calls.append(("delete", cluster_id, name))
             self.nodes.get(cluster_id, {}).pop(name, None)
+
+    def set_gcs_reachable(self, cluster_id: str, reachable: bool) -> None:
+        """Simulate a GCS that stops (or starts again) answering while every node process lives."""
+        with self._lock:
+            (self.unreachable.discard if reachable else self.unreachable.add)(cluster_id)
 
     def kill(self, cluster_id: str, name: str) -> None:
         """Simulate a node dying on its own."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -30,7 +31,10 @@ from raypod import config, errors, state
 from raypod import spec as spec_mod
 from raypod.backends import _ports, base
 
+log = logging.getLogger(__name__)
+
 CLUSTER_MARKER = "RAYPOD_CLUSTER_ID"
+GCS_TIMEOUT_S = 2.0
 NODE_MARKER = "RAYPOD_NODE_NAME"
 INCARNATION_LABEL = "raypod.io/incarnation"
 HEAD_OVERHEAD_BYTES = 1800 * 2**20
@@ -91,6 +95,7 @@ class LocalBackend:
         self._lock = threading.Lock()
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._gcs_clients: dict[str, tuple[int, Any]] = {}
+        self._gcs_errors: dict[str, str] = {}
         gpus = _count_gpus()
         self.features = frozenset(
             {base.Feature.DRAIN, base.Feature.GCS_FAULT_TOLERANCE} | ({base.Feature.GPUS} if gpus else set())
@@ -120,8 +125,8 @@ class LocalBackend:
         if cluster is None:
             return state.ObservedCluster(stray_nodes=frozenset(processes))
         head = next((r for r in records.values() if r.is_head), None)
-        ray_nodes = self._ray_nodes(cluster_id, cluster) if head and _is_alive(head) else {}
-        nodes = {name: _observe_node(record, ray_nodes) for name, record in records.items()}
+        table = self._ray_nodes(cluster_id, cluster) if head and _is_alive(head) else _GcsTable({})
+        nodes = {name: _observe_node(record, table) for name, record in records.items()}
         return state.ObservedCluster(
             nodes=nodes,
             endpoints={
@@ -130,18 +135,28 @@ class LocalBackend:
                 "client": f"ray://127.0.0.1:{cluster.client_port}",
             },
             stray_nodes=frozenset(name for name in processes if name not in records),
+            gcs_reachable=table.error is None,
+            gcs_error=table.error or "",
         )
 
-    def _ray_nodes(self, cluster_id: str, cluster: _ClusterRecord) -> dict[str, _RayNode]:
-        """Map incarnation -> what the GCS node table says of it; empty while the GCS is not up."""
+    def _ray_nodes(self, cluster_id: str, cluster: _ClusterRecord) -> _GcsTable:
+        """What the GCS node table says of each incarnation.
+
+        A GCS that is not listening yet has an empty table (its nodes are starting); one that listens but does
+        not answer is an error, so that live nodes are reported as unknown rather than as not started.
+        """
         if not _ports.is_listening(cluster.gcs_port):
-            return {}
+            self._note_gcs(cluster_id, None)
+            return _GcsTable({})
         try:
             client = self._gcs_client(cluster_id, cluster.gcs_port)
-            table = client.get_all_node_info(timeout=2)
-        except Exception:
+            table = client.get_all_node_info(timeout=GCS_TIMEOUT_S)
+        except Exception as exc:
             self._gcs_clients.pop(cluster_id, None)
-            return {}
+            error = f"the GCS at 127.0.0.1:{cluster.gcs_port} did not answer ({type(exc).__name__}: {exc})"[:300]
+            self._note_gcs(cluster_id, error)
+            return _GcsTable({}, error)
+        self._note_gcs(cluster_id, None)
         found: dict[str, _RayNode] = {}
         for node_id, info in table.items():
             incarnation = dict(info.labels).get(INCARNATION_LABEL)
@@ -151,7 +166,19 @@ class LocalBackend:
                     alive=info.state == 0,
                     metrics_endpoint=f"{info.node_manager_address}:{info.metrics_export_port}",
                 )
-        return found
+        return _GcsTable(found)
+
+    def _note_gcs(self, cluster_id: str, error: str | None) -> None:
+        """Log once per change of a cluster's GCS reachability, not once per pass."""
+        before = self._gcs_errors.get(cluster_id)
+        if (before is None) == (error is None):
+            return
+        if error is None:
+            self._gcs_errors.pop(cluster_id, None)
+            log.info("cluster %s: the GCS answers again", cluster_id)
+        else:
+            self._gcs_errors[cluster_id] = error
+            log.warning("cluster %s: %s; its nodes are unknown until it answers", cluster_id, error)
 
     def _gcs_client(self, cluster_id: str, port: int) -> Any:
         cached = self._gcs_clients.get(cluster_id)
@@ -390,11 +417,21 @@ class _RayNode:
     metrics_endpoint: str
 
 
-def _observe_node(record: _NodeRecord, ray_nodes: dict[str, _RayNode]) -> state.ObservedNode:
-    ray_node = ray_nodes.get(record.incarnation)
+@dataclass(frozen=True)
+class _GcsTable:
+    """The GCS node table by incarnation, or the error that kept raypod from reading it."""
+
+    nodes: dict[str, _RayNode]
+    error: str | None = None
+
+
+def _observe_node(record: _NodeRecord, table: _GcsTable) -> state.ObservedNode:
+    ray_node = table.nodes.get(record.incarnation)
     ray_node_id = ray_node.node_id if ray_node else None
     if not _is_alive(record):
         phase, reason = state.NodePhase.DEAD, "node process exited"
+    elif table.error is not None:
+        phase, reason = state.NodePhase.UNKNOWN, "the GCS does not answer: the node's state in Ray is unknown"
     elif ray_node is None:
         phase, reason = state.NodePhase.STARTING, "waiting for the node to register with the GCS"
     elif not ray_node.alive:

@@ -27,11 +27,13 @@ class Reconciler:
         *,
         interval_s: float = 1.0,
         settings: plan.PlanSettings = plan.DEFAULT_SETTINGS,
+        gcs_unreachable_timeout_s: float = status.DEFAULT_GCS_UNREACHABLE_TIMEOUT_S,
     ) -> None:
         self.store = db
         self.backend = backend
         self.interval_s = interval_s
         self.settings = settings
+        self.gcs_unreachable_timeout_s = gcs_unreachable_timeout_s
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -102,6 +104,7 @@ class Reconciler:
             self._back_off(view.uid)
         else:
             self._failures.pop(view.uid, None)
+        latest = self.store.latest_node_reasons(view.uid, status.REPLACEMENT_REASONS | status.SETTLED_REASONS)
         derived = status.derive_status(
             view.spec,
             observed,
@@ -110,6 +113,8 @@ class Reconciler:
             generation=view.generation,
             previous=view.status,
             now=store.now(),
+            replacing=frozenset(node for node, reason in latest.items() if reason in status.REPLACEMENT_REASONS),
+            gcs_unreachable_timeout_s=self.gcs_unreachable_timeout_s,
         )
         self._record_transitions(view, view.status, derived)
         if derived != view.status:
@@ -134,6 +139,19 @@ class Reconciler:
                 )
             elif node.phase is state.NodePhase.DEAD and node.name in wanted and was is not state.NodePhase.DEAD:
                 self._record(view, state.EventType.WARNING, "NodeDied", f"node {node.name}: {node.reason}", node.name)
+        was_reachable, reachable = before.condition("GCSReachable"), after.condition("GCSReachable")
+        if reachable is not None and (was_reachable is None or was_reachable.status) and not reachable.status:
+            self._record(
+                view, state.EventType.WARNING, "GCSUnreachable", f"{reachable.message}; nodes left alone", None
+            )
+        elif reachable is not None and was_reachable is not None and not was_reachable.status and reachable.status:
+            self._record(view, state.EventType.NORMAL, "GCSReachable", "the GCS answers again", None)
+        if (
+            reachable is not None
+            and reachable.reason == "GCSUnreachableTooLong"
+            and (was_reachable is None or was_reachable.reason != "GCSUnreachableTooLong")
+        ):
+            self._record(view, state.EventType.WARNING, "GCSUnreachableTooLong", after.message, None)
         if after.phase is not before.phase and after.phase in (state.ClusterPhase.READY, state.ClusterPhase.DEGRADED):
             kind = state.EventType.NORMAL if after.phase is state.ClusterPhase.READY else state.EventType.WARNING
             self._record(view, kind, f"Cluster{after.phase.value}", after.message, None)

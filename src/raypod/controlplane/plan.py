@@ -43,6 +43,7 @@ def plan(
     gone: set[str] = set()  # nodes this plan deletes: to be recreated if still desired
 
     head = observed.nodes.get(HEAD)
+    # An UNKNOWN head is not a lost one: a GCS that does not answer says nothing about the nodes behind it.
     head_lost = head is None or head.phase is state.NodePhase.DEAD
     if head_lost and desired.gcs_fault_tolerance is None:
         # Without GCS fault tolerance no worker outlives its head's GCS: restart them with it, as KubeRay does.
@@ -54,13 +55,17 @@ def plan(
 
     desired_nodes = {node.name: node for node in desired.desired_nodes()}
     for name, node in observed.nodes.items():
-        if name in gone:
-            continue
+        if name in gone or node.phase is state.NodePhase.UNKNOWN:
+            continue  # nothing is deleted, drained or replaced on an unknown
         if name in desired_nodes:
             if node.phase is state.NodePhase.DEAD:
                 deletes.append(actions.DeleteNode(name, "RemovedDeadNode", node.reason or "node died"))
                 gone.add(name)
-            elif node.phase is state.NodePhase.STARTING and now - node.started_at > settings.node_start_timeout_s:
+            elif (
+                node.phase is state.NodePhase.STARTING
+                and observed.gcs_reachable
+                and now - node.started_at > settings.node_start_timeout_s
+            ):
                 message = f"not registered with Ray after {settings.node_start_timeout_s:.0f} s"
                 deletes.append(actions.DeleteNode(name, "NodeStartTimedOut", message))
                 gone.add(name)

@@ -8,6 +8,14 @@ from raypod import spec as spec_mod
 from raypod import state
 from raypod.controlplane import execute
 
+# The latest lifecycle event of a node that says it is being replaced (see ``replacing`` below).
+REPLACEMENT_REASONS = frozenset(
+    {"NodeDied", "RemovedDeadNode", "NodeStartTimedOut", "RestartedWithHead", "ReplacedNode"}
+)
+# ... and those that say it is not (it came up, or it was created or removed on purpose).
+SETTLED_REASONS = frozenset({"NodeStarted", "CreatedHead", "CreatedWorker", "DeletedNode", "DrainedNode"})
+DEFAULT_GCS_UNREACHABLE_TIMEOUT_S = 60.0
+
 
 def derive_status(
     desired: spec_mod.ClusterSpec,
@@ -18,8 +26,15 @@ def derive_status(
     generation: int,
     previous: state.ClusterStatus,
     now: datetime,
+    replacing: frozenset[str] = frozenset(),
+    gcs_unreachable_timeout_s: float = DEFAULT_GCS_UNREACHABLE_TIMEOUT_S,
 ) -> state.ClusterStatus:
-    """Return the status a user sees; conditions keep their transition time while their status holds."""
+    """Return the status a user sees, from this observation and the recorded events only.
+
+    ``replacing`` names the nodes whose latest lifecycle event (in the store, so a restarted server sees the
+    same) says they died or are being replaced. ``previous`` is read for nothing but the transition times of
+    conditions, which they keep while their status holds.
+    """
     desired_names = [node.name for node in desired.desired_nodes()]
     running = {n.name for n in observed.nodes.values() if n.phase is state.NodePhase.RUNNING}
     ready = sum(1 for name in desired_names if name in running)
@@ -30,15 +45,29 @@ def derive_status(
 
     surplus = sorted(name for name in observed.nodes if name not in set(desired_names))
     counts = f"{ready}/{len(desired_names)} nodes running"
-    was_running = {n.name for n in previous.nodes if n.phase is state.NodePhase.RUNNING}
-    lost = [name for name in desired_names if name in was_running and name not in running]
+    lost = [name for name in desired_names if name in replacing and name not in running]
+    unknown = [n.name for n in observed.nodes.values() if n.phase is state.NodePhase.UNKNOWN]
+    gcs = _condition(
+        previous,
+        "GCSReachable",
+        observed.gcs_reachable,
+        "GCSAnswering" if observed.gcs_reachable else "GCSNotAnswering",
+        observed.gcs_error,
+        now,
+    )
+    unreachable_s = 0.0 if observed.gcs_reachable else (now - gcs.last_transition).total_seconds()
+    if unreachable_s > gcs_unreachable_timeout_s:
+        gcs = gcs.model_copy(update={"reason": "GCSUnreachableTooLong"})
     if deleting:
         phase, message = state.ClusterPhase.DELETING, f"stopping {len(observed.nodes)} node(s)"
     elif permanent:
         phase, message = state.ClusterPhase.FAILED, str(permanent[0].error)
+    elif not observed.gcs_reachable:
+        phase = state.ClusterPhase.UNKNOWN
+        message = f"the GCS has not answered for {unreachable_s:.0f} s; {len(unknown)} node(s) unknown, left alone"
     elif ready == len(desired_names) and not surplus:
         phase, message = state.ClusterPhase.READY, counts
-    elif head_ready and (lost or previous.phase is state.ClusterPhase.DEGRADED):
+    elif head_ready and lost:
         phase, message = state.ClusterPhase.DEGRADED, f"{counts}; replacing lost nodes"
     elif surplus:
         phase, message = state.ClusterPhase.PROVISIONING, f"{counts}; removing {', '.join(surplus)}"
@@ -70,6 +99,7 @@ def derive_status(
             str(failures[0].error) if failures else "",
             now,
         ),
+        gcs,
     ]
     nodes = [
         state.NodeStatus(

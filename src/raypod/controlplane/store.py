@@ -185,6 +185,17 @@ class Store:
             ),
         )
 
+    def latest_node_reasons(self, uid: str, reasons: frozenset[str]) -> dict[str, str]:
+        """For each node of a cluster, the reason of its newest event among ``reasons``."""
+        newest = (
+            sa.select(sa.func.max(events.c.id))
+            .where(events.c.cluster_uid == uid, events.c.node.is_not(None), events.c.reason.in_(sorted(reasons)))
+            .group_by(events.c.node)
+        )
+        with self.engine.connect() as connection:
+            rows = connection.execute(sa.select(events.c.node, events.c.reason).where(events.c.id.in_(newest)))
+            return {row.node: row.reason for row in rows}
+
     def events(self, namespace: str, name: str, limit: int = 200) -> builtins.list[state.Event]:
         """Events of every cluster that had this name, oldest first (events outlive a deleted cluster)."""
         return self.search_events(EventFilter(namespaces=frozenset({namespace}), cluster=name), limit)

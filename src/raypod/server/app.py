@@ -35,6 +35,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
             settings=plan.PlanSettings(
                 drain_timeout_s=settings.drain_timeout_s, node_start_timeout_s=settings.node_start_timeout_s
             ),
+            gcs_unreachable_timeout_s=settings.gcs_unreachable_timeout_s,
         )
         ids = identity.IdentityService(db)
         ca_file = settings.tls_cert if settings.tls else None

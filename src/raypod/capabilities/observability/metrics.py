@@ -48,6 +48,7 @@ NODE_EVENT_KINDS = {
     "CreatedHead": "created",
     "CreatedWorker": "created",
     "DeletedNode": "deleted",
+    "GCSUnreachable": "gcs_unreachable",
 }
 
 
@@ -80,6 +81,11 @@ class ClusterCollector(Collector):
         desired = GaugeMetricFamily(
             "raypod_nodes_desired", "Nodes the spec asks for.", labels=["ray_io_cluster", "namespace"]
         )
+        reachable = GaugeMetricFamily(
+            "raypod_cluster_gcs_reachable",
+            "1 while the cluster's GCS answers raypod; 0 while its nodes are unknown.",
+            labels=["ray_io_cluster", "namespace"],
+        )
         by_phase: Tally[str] = Tally({phase.value: 0 for phase in state.ClusterPhase})
         for view in self.views():
             phase = state.ClusterPhase.DELETING.value if view.deleting else view.status.phase.value
@@ -87,12 +93,14 @@ class ClusterCollector(Collector):
             name, namespace = view.spec.name, view.spec.namespace
             info.add_metric([name, namespace, view.spec.owner or ""], 1)
             desired.add_metric([name, namespace], view.status.desired_nodes)
+            gcs = view.status.condition("GCSReachable")
+            reachable.add_metric([name, namespace], 0 if gcs is not None and not gcs.status else 1)
             counts = Tally(node.phase.value for node in view.status.nodes)
             for node_phase in state.NodePhase:
                 nodes.add_metric([name, namespace, node_phase.value], counts[node_phase.value])
         for phase, count in sorted(by_phase.items()):
             clusters.add_metric([phase], count)
-        yield from (clusters, info, nodes, desired)
+        yield from (clusters, info, nodes, desired, reachable)
 
 
 def exposition(views: Callable[[], Iterable[state.ClusterView]]) -> bytes:

@@ -1,0 +1,150 @@
+"""One contract for every backend: what ``observe``, ``create_node``, ``drain_node``, ``delete_node`` and
+``release`` mean, run against the in-memory backend and against the local backend with real Ray nodes.
+
+The local run is marked e2e (it starts a real head and worker). Its unreachable GCS is a real one: the cluster's
+``gcs_server`` is SIGSTOPped, so the GCS port still accepts connections and calls time out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from raypod import spec as spec_mod
+from raypod import state
+from raypod.backends import base, fake, local
+
+Phase = state.NodePhase
+SPEC = spec_mod.parse_spec(
+    {
+        "name": "contract",
+        "head": {"cpus": 1, "memory": "512Mi", "object_store_memory": "80Mi"},
+        "worker_groups": [{"name": "cpu", "replicas": 1, "cpus": 1, "memory": "512Mi", "object_store_memory": "80Mi"}],
+    }
+)
+HEAD, WORKER = SPEC.desired_nodes()
+
+
+@dataclass
+class Harness:
+    backend: base.Backend
+    cluster_id: str
+    gcs_unreachable: Callable[[], contextlib.AbstractContextManager[None]]
+    timeout_s: float
+
+
+@contextlib.contextmanager
+def _fake_harness() -> Iterator[Harness]:
+    backend = fake.FakeBackend()
+
+    @contextlib.contextmanager
+    def unreachable() -> Iterator[None]:
+        backend.set_gcs_reachable("c-fake", False)
+        try:
+            yield
+        finally:
+            backend.set_gcs_reachable("c-fake", True)
+
+    yield Harness(backend, "c-fake", unreachable, timeout_s=1)
+
+
+@contextlib.contextmanager
+def _local_harness(home: Path) -> Iterator[Harness]:
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    backend = local.LocalBackend(home)
+    cluster_id = "contract0local"
+
+    @contextlib.contextmanager
+    def unreachable() -> Iterator[None]:
+        gcs = [p for p in _cluster_processes(cluster_id) if p.name() == "gcs_server"]
+        assert len(gcs) == 1, f"expected one gcs_server, found {gcs}"
+        gcs[0].send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            gcs[0].send_signal(signal.SIGCONT)
+
+    try:
+        yield Harness(backend, cluster_id, unreachable, timeout_s=90)
+    finally:
+        backend.release(cluster_id)
+        backend.close()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _cluster_processes(cluster_id: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if process.environ().get(local.CLUSTER_MARKER) == cluster_id:
+                found.append(process)
+    return found
+
+
+@pytest.fixture(params=["fake", pytest.param("local", marks=[pytest.mark.e2e, pytest.mark.timeout(300)])])
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    maker = _fake_harness() if request.param == "fake" else _local_harness(tmp_path)
+    with maker as made:
+        yield made
+
+
+def wait_for(harness: Harness, predicate: Callable[[state.ObservedCluster], bool], what: str) -> state.ObservedCluster:
+    deadline = time.monotonic() + harness.timeout_s
+    while True:
+        seen = harness.backend.observe(harness.cluster_id)
+        if predicate(seen):
+            return seen
+        assert time.monotonic() < deadline, f"not {what} within {harness.timeout_s} s: {seen}"
+        time.sleep(0.2)
+
+
+def phase(name: str, *phases: Phase) -> Callable[[state.ObservedCluster], bool]:
+    return lambda seen: name in seen.nodes and seen.nodes[name].phase in phases
+
+
+def test_an_unknown_cluster_is_observed_empty(harness: Harness) -> None:
+    seen = harness.backend.observe("never-created")
+    assert seen.nodes == {} and seen.stray_nodes == frozenset() and seen.gcs_reachable
+
+
+def test_node_lifecycle(harness: Harness) -> None:
+    backend, cid = harness.backend, harness.cluster_id
+    backend.create_node(cid, HEAD)
+    head = wait_for(harness, phase("head", Phase.RUNNING), "head running").nodes["head"]
+    assert head.is_head and head.ray_node_id
+    backend.create_node(cid, HEAD)  # idempotent: the running head is kept
+    again = backend.observe(cid).nodes["head"]
+    assert (again.pid, again.ray_node_id) == (head.pid, head.ray_node_id)
+
+    backend.create_node(cid, WORKER)
+    seen = wait_for(harness, phase(WORKER.name, Phase.RUNNING), "worker running")
+    assert seen.gcs_reachable and seen.nodes[WORKER.name].group == "cpu"
+
+    with harness.gcs_unreachable():
+        blind = wait_for(harness, lambda s: not s.gcs_reachable, "GCS reported unreachable")
+        assert {n.phase for n in blind.nodes.values()} == {Phase.UNKNOWN}
+        assert blind.gcs_error
+    wait_for(harness, lambda s: s.gcs_reachable and s.nodes[WORKER.name].phase is Phase.RUNNING, "GCS back")
+    assert backend.observe(cid).nodes["head"].pid == head.pid, "the head was restarted"
+
+    running = backend.observe(cid).nodes[WORKER.name]
+    assert running.ray_node_id
+    backend.drain_node(cid, WORKER.name, running.ray_node_id, time.time() + 30, "contract test")
+    wait_for(harness, phase(WORKER.name, Phase.DRAINING, Phase.DEAD), "worker draining")
+    backend.delete_node(cid, WORKER.name)
+    assert WORKER.name not in backend.observe(cid).nodes
+
+    backend.release(cid)
+    assert backend.observe(cid).nodes == {}
