@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 from raypod import errors
@@ -27,6 +28,16 @@ def read_credentials() -> dict[str, str]:
     except (OSError, ValueError):
         return {}
     return {k: str(v) for k, v in data.items() if v} if isinstance(data, dict) else {}
+
+
+def write_credentials(path: Path, server_url: str, token: str, ca_file: Path | None) -> None:
+    """Write the CLI/SDK credentials file, readable by its owner only (0600) from its first byte."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"server": server_url, "token": token, "ca_file": str(ca_file) if ca_file else None}
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        json.dump(data, handle, indent=2)
+    os.chmod(path, 0o600)
 
 
 def default_server_url() -> str:
@@ -56,6 +67,8 @@ class Settings:
     drain_timeout_s: float = 30.0
     node_start_timeout_s: float = 180.0
     gcs_unreachable_timeout_s: float = 60.0
+    # How far past its own end a browser session may let a token it creates live.
+    session_token_max_ttl: timedelta = timedelta(days=1)
     fast_health_checks: bool = True
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -71,6 +84,7 @@ class Settings:
             "drain_timeout_s": _float_env("RAYPOD_DRAIN_TIMEOUT_S", 30.0),
             "node_start_timeout_s": _float_env("RAYPOD_NODE_START_TIMEOUT_S", 180.0),
             "gcs_unreachable_timeout_s": _float_env("RAYPOD_GCS_UNREACHABLE_TIMEOUT_S", 60.0),
+            "session_token_max_ttl": timedelta(seconds=_float_env("RAYPOD_SESSION_TOKEN_MAX_TTL_S", 86400.0)),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -380,3 +380,17 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 def _clean(message: str) -> str:
     return message.removeprefix("Value error, ")
+
+
+MAX_JOB_BACKOFF_S = 300.0
+
+
+class JobSpec(BaseModel):
+    """A raypod job: one Ray job submission, resubmitted after a FAILED attempt like KubeRay's ``backoffLimit``."""
+
+    model_config = ConfigDict(extra="forbid")
+    entrypoint: str = Field(min_length=1, max_length=16384)
+    runtime_env: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, str] = Field(default_factory=dict)
+    max_retries: int = Field(0, ge=0, le=20, description="Resubmissions after a FAILED attempt (backoffLimit).")
+    backoff_s: float = Field(2.0, ge=0, le=MAX_JOB_BACKOFF_S, description="First retry delay; doubles each time.")

@@ -124,3 +124,87 @@ class ClusterView(BaseModel):
     generation: int
     created_at: datetime
     deleting: bool = False
+
+
+# -- jobs ----------------------------------------------------------------------------------------------------
+
+
+class JobStatus(StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    RETRYING = "RETRYING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+
+class SubmittedVia(StrEnum):
+    RAYPOD = "raypod"  # raypod job submit, the SDK's jobs.submit, the console
+    RAY = "ray"  # plain Ray tooling (ray job submit, JobSubmissionClient), found on the cluster
+
+
+class Attempt(BaseModel):
+    submission_id: str
+    status: str = "PENDING"
+    message: str = ""
+    submitted_at: datetime
+
+
+class JobView(BaseModel):
+    id: str
+    namespace: str
+    cluster: str
+    owner: str = Field(description="Who submitted it; empty for a job submitted with plain Ray tooling.")
+    spec: spec_mod.JobSpec
+    status: JobStatus
+    attempts: list[Attempt]
+    stop_requested: bool = False
+    next_attempt_at: datetime | None = None
+    created_at: datetime
+    submitted_via: SubmittedVia = SubmittedVia.RAYPOD
+
+
+class JobLogs(BaseModel):
+    job: str
+    attempt: int | None
+    logs: str
+
+
+class WorkingDir(BaseModel):
+    uri: str = Field(description="Pass it as runtime_env.working_dir when submitting.")
+
+
+# -- identities ----------------------------------------------------------------------------------------------
+
+
+class Role(StrEnum):
+    ADMIN = "admin"
+    MEMBER = "member"
+
+
+class TokenInfo(BaseModel):
+    id: str
+    user: str
+    name: str
+    created_at: datetime
+    expires_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+
+class CreatedToken(TokenInfo):
+    token: str = Field(description="The secret: shown this once, stored only hashed.")
+
+
+class UserInfo(BaseModel):
+    name: str
+    is_admin: bool
+    teams: dict[str, Role] = Field(default_factory=dict)
+
+
+class TeamInfo(BaseModel):
+    name: str
+
+
+class NamespaceInfo(BaseModel):
+    name: str
+    team: str

@@ -40,3 +40,17 @@ def test_clusters_round_trip_and_duplicates_are_refused(tmp_path: Path) -> None:
     assert [e.reason for e in db.events("default", "demo")] == ["X"]
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT count(*) FROM clusters")).scalar() == 0
+
+
+def test_the_migrations_build_exactly_the_schema_module(tmp_path: Path) -> None:
+    """Tables are defined once (controlplane/schema.py); the migrations must not drift from them."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from raypod.controlplane import schema
+
+    db = store.Store(f"sqlite:///{tmp_path / 'raypod.db'}")
+    with db.engine.connect() as connection:
+        differences = compare_metadata(MigrationContext.configure(connection), schema.metadata)
+    db.close()
+    assert differences == []

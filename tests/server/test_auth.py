@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from starlette.routing import Mount
 from starlette.websockets import WebSocketDisconnect
 
-from raypod import config
+from raypod import config, state
 from raypod.backends.fake import FakeBackend
 from raypod.controlplane import identity
 from raypod.server.app import create_app
@@ -242,7 +242,7 @@ def test_identity_names_are_validated(app_and_admin: tuple[TestClient, str]) -> 
 
 
 def test_authorize_is_a_pure_table() -> None:
-    alice = identity.Principal("alice", teams={"ml": identity.Role.MEMBER})
+    alice = identity.Principal("alice", teams={"ml": state.Role.MEMBER})
     identity.authorize(alice, identity.Verb.VIEW, "ml", "ml")
     identity.authorize(alice, identity.Verb.OPERATE, "ml", "ml", owner="alice")
     with pytest.raises(Exception, match="only the cluster owner"):

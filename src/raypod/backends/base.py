@@ -12,6 +12,7 @@ from typing import Protocol
 
 from raypod import spec as spec_mod
 from raypod import state
+from raypod.backends import ray_jobs
 
 
 class Feature(StrEnum):
@@ -49,6 +50,10 @@ class Backend(Protocol):
 
     def dashboard_headers(self, cluster_id: str) -> dict[str, str]:
         """Headers that authenticate raypod to the cluster's Ray dashboard (users never see them)."""
+        ...
+
+    def job_api(self, cluster_id: str, dashboard_url: str) -> ray_jobs.RayJobApi:
+        """A client of the cluster's Ray job API, authenticated as raypod."""
         ...
 
     def close(self) -> None: ...

@@ -5,12 +5,16 @@ Nodes start in ``Starting`` and become ``Running`` on the next observation, like
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from typing import Any
+
+import httpx
 
 from raypod import errors, state
 from raypod import spec as spec_mod
-from raypod.backends import base
+from raypod.backends import base, ray_jobs
 
 
 class FakeBackend:
@@ -29,6 +33,8 @@ class FakeBackend:
         self.fail_next_create: str | None = None
         self.held_starting: set[str] = set()  # node names that stay Starting until removed from this set
         self.unreachable: set[str] = set()  # clusters whose GCS does not answer (see ``set_gcs_reachable``)
+        self.ray_jobs: dict[str, dict[str, dict[str, Any]]] = {}
+        self._job_http = httpx.Client(transport=httpx.MockTransport(self._answer_job_api))
 
     def capacity(self) -> base.HostCapacity:
         return self._capacity
@@ -108,8 +114,51 @@ class FakeBackend:
     def dashboard_headers(self, cluster_id: str) -> dict[str, str]:
         return {}
 
+    def job_api(self, cluster_id: str, dashboard_url: str) -> ray_jobs.RayJobApi:
+        return ray_jobs.RayJobApi(dashboard_url, {}, self._job_http)
+
+    def ray_submit(self, cluster_id: str, submission_id: str, entrypoint: str, **extra: object) -> None:
+        """A job submitted with plain Ray tooling, straight to the cluster (no raypod metadata)."""
+        with self._lock:
+            self.ray_jobs.setdefault(cluster_id, {})[submission_id] = {
+                "submission_id": submission_id,
+                "entrypoint": entrypoint,
+                "status": "RUNNING",
+                "metadata": {},
+                **extra,
+            }
+
+    def finish_job(self, cluster_id: str, submission_id: str, status: str) -> None:
+        with self._lock:
+            self.ray_jobs[cluster_id][submission_id]["status"] = status
+
+    def _answer_job_api(self, request: httpx.Request) -> httpx.Response:
+        """An in-memory stand-in for Ray's job REST API on ``http://fake/<cluster id>``."""
+        _, cluster_id, *rest = request.url.path.split("/")
+        path = "/".join(rest)
+        with self._lock:
+            found = self.ray_jobs.setdefault(cluster_id, {})
+            if request.method == "PUT" and path.startswith("api/packages/gcs/"):
+                return httpx.Response(200, json={})
+            if path == "api/jobs/" and request.method == "POST":
+                body = json.loads(request.content)
+                found[body["submission_id"]] = {**body, "status": "RUNNING", "metadata": body.get("metadata") or {}}
+                return httpx.Response(200, json={"submission_id": body["submission_id"]})
+            if path == "api/jobs/":
+                return httpx.Response(200, json=list(found.values()))
+            parts = path.removeprefix("api/jobs/").split("/")
+            job = found.get(parts[0])
+            if job is None:
+                return httpx.Response(404, text="no such job")
+            if parts[1:] == ["stop"]:
+                job["status"] = "STOPPED"
+                return httpx.Response(200, json={"stopped": True})
+            if parts[1:] == ["logs"]:
+                return httpx.Response(200, json={"logs": f"logs of {parts[0]}\n"})
+            return httpx.Response(200, json=job)
+
     def close(self) -> None:
-        pass
+        self._job_http.close()
 
 
 def _replace(node: state.ObservedNode, **changes: object) -> state.ObservedNode:

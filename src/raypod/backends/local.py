@@ -25,11 +25,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 
 from raypod import config, errors, state
 from raypod import spec as spec_mod
-from raypod.backends import _ports, base
+from raypod.backends import _ports, base, ray_jobs
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class LocalBackend:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._gcs_clients: dict[str, tuple[int, Any]] = {}
         self._gcs_errors: dict[str, str] = {}
+        self._http = httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
         gpus = _count_gpus()
         self.features = frozenset(
             {base.Feature.DRAIN, base.Feature.GCS_FAULT_TOLERANCE} | ({base.Feature.GPUS} if gpus else set())
@@ -276,9 +278,13 @@ class LocalBackend:
     def dashboard_headers(self, cluster_id: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._ray_token}"}
 
+    def job_api(self, cluster_id: str, dashboard_url: str) -> ray_jobs.RayJobApi:
+        return ray_jobs.RayJobApi(dashboard_url, self.dashboard_headers(cluster_id), self._http)
+
     def close(self) -> None:
         self._gcs_clients.clear()
         self._reap_children()
+        self._http.close()
 
     # -- processes -----------------------------------------------------------------------------------------
 

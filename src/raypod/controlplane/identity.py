@@ -9,77 +9,26 @@ from __future__ import annotations
 import builtins
 import hashlib
 import hmac
-import json
-import os
 import secrets
-from dataclasses import dataclass, field
+import threading
+import time
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
 
 import sqlalchemy as sa
-from pydantic import BaseModel, Field
 
-from raypod import errors
+from raypod import config, errors, state
 from raypod import spec as spec_mod
 from raypod.controlplane import store
-
-users = sa.Table(
-    "users",
-    store.metadata,
-    sa.Column("name", sa.String(63), primary_key=True),
-    sa.Column("is_admin", sa.Boolean, nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-)
-teams = sa.Table(
-    "teams",
-    store.metadata,
-    sa.Column("name", sa.String(63), primary_key=True),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-)
-memberships = sa.Table(
-    "memberships",
-    store.metadata,
-    sa.Column("team", sa.String(63), primary_key=True),
-    sa.Column("user", sa.String(63), primary_key=True),
-    sa.Column("role", sa.String(16), nullable=False),
-)
-namespaces = sa.Table(
-    "namespaces",
-    store.metadata,
-    sa.Column("name", sa.String(63), primary_key=True),
-    sa.Column("team", sa.String(63), nullable=False),
-)
-tokens = sa.Table(
-    "tokens",
-    store.metadata,
-    sa.Column("id", sa.String(16), primary_key=True),
-    sa.Column("user", sa.String(63), nullable=False),
-    sa.Column("name", sa.String(63), nullable=False),
-    sa.Column("secret_hash", sa.String(64), nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True),
-    sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
-)
-sessions = sa.Table(
-    "sessions",
-    store.metadata,
-    sa.Column("id_hash", sa.String(64), primary_key=True),
-    sa.Column("user", sa.String(63), nullable=False),
-    sa.Column("csrf", sa.String(64), nullable=False),
-    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
-)
+from raypod.controlplane.schema import memberships, namespaces, sessions, teams, tokens, users
 
 BOOTSTRAP_USER = "admin"
 DEFAULT_TEAM = "default"
 DEFAULT_NAMESPACE = "default"
 SESSION_TTL = timedelta(hours=12)
 MAX_TOKEN_TTL = timedelta(days=366)
-
-
-class Role(StrEnum):
-    ADMIN = "admin"
-    MEMBER = "member"
 
 
 class Verb(StrEnum):
@@ -96,32 +45,14 @@ class Principal:
 
     user: str
     is_admin: bool = False
-    teams: dict[str, Role] = field(default_factory=dict)
-    session_csrf: str | None = None
+    teams: dict[str, state.Role] = field(default_factory=dict)
+    session_csrf: str | None = None  # set when the caller is a browser session
+    token_id: str | None = None  # the API token the caller presented, or its session was made from
+    token_expires_at: datetime | None = None  # for a session: when the session ends
 
-
-class TokenInfo(BaseModel):
-    id: str
-    user: str
-    name: str
-    created_at: datetime
-    expires_at: datetime | None = None
-    revoked_at: datetime | None = None
-
-
-class CreatedToken(TokenInfo):
-    token: str = Field(description="The secret: shown this once, stored only hashed.")
-
-
-class UserInfo(BaseModel):
-    name: str
-    is_admin: bool
-    teams: dict[str, Role] = Field(default_factory=dict)
-
-
-class NamespaceInfo(BaseModel):
-    name: str
-    team: str
+    @property
+    def via_session(self) -> bool:
+        return self.session_csrf is not None
 
 
 def authorize(
@@ -139,7 +70,7 @@ def authorize(
     role = principal.teams.get(namespace_team)
     if verb in (Verb.VIEW, Verb.CREATE) and role is not None:
         return
-    if verb is Verb.OPERATE and (role is Role.ADMIN or (owner is not None and owner == principal.user)):
+    if verb is Verb.OPERATE and (role is state.Role.ADMIN or (owner is not None and owner == principal.user)):
         return
     if verb is Verb.OPERATE:
         who = f"the cluster owner ({owner})" if owner else "the cluster owner"
@@ -157,9 +88,60 @@ def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+TOKEN_PREFIX = "rpt"
+CACHE_TTL_S = 5.0
+
+
+def parse_token(presented: str) -> tuple[str, str]:
+    """Split ``rpt_<id>_<secret>``; the one parser of presented tokens.
+
+    Raises:
+        Unauthenticated: not of that form.
+    """
+    parts = presented.strip().split("_", 2)
+    if len(parts) != 3 or parts[0] != TOKEN_PREFIX or not parts[1] or not parts[2] or len(presented) > 256:
+        raise errors.Unauthenticated("malformed token; create one with 'raypod token create'")
+    return parts[1], parts[2]
+
+
+class TokenCache:
+    """Principals of tokens authenticated a moment ago, so a proxied request costs no database read.
+
+    Entries end at the token's expiry; every change to tokens, users or memberships clears the cache, so
+    revocation and role changes take effect at once on this server.
+    """
+
+    def __init__(self, ttl_s: float = CACHE_TTL_S) -> None:
+        self.ttl_s = ttl_s
+        self._entries: dict[str, tuple[float, Principal, float | None]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, token: str) -> Principal | None:
+        with self._lock:
+            entry = self._entries.get(token)
+        if entry is None:
+            return None
+        cached_at, principal, expires_at = entry
+        now = time.time()
+        if now - cached_at > self.ttl_s or (expires_at is not None and now >= expires_at):
+            return None
+        return principal
+
+    def put(self, token: str, principal: Principal, expires_at: float | None) -> None:
+        with self._lock:
+            if len(self._entries) > 10_000:
+                self._entries.clear()
+            self._entries[token] = (time.time(), principal, expires_at)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
 class IdentityService:
     def __init__(self, db: store.Store) -> None:
         self.engine = db.engine
+        self.cache = TokenCache()
 
     # -- bootstrap -----------------------------------------------------------------------------------------
 
@@ -171,30 +153,31 @@ class IdentityService:
                 return False
         self.create_user(BOOTSTRAP_USER, is_admin=True)
         self.create_team(DEFAULT_TEAM)
-        self.add_member(DEFAULT_TEAM, BOOTSTRAP_USER, Role.ADMIN)
+        self.add_member(DEFAULT_TEAM, BOOTSTRAP_USER, state.Role.ADMIN)
         self.create_namespace(DEFAULT_NAMESPACE, DEFAULT_TEAM)
         created = self.create_token(BOOTSTRAP_USER, "bootstrap", ttl=None)
-        write_credentials(credentials_path, server_url, created.token, ca_file)
+        config.write_credentials(credentials_path, server_url, created.token, ca_file)
         return True
 
     # -- users, teams, namespaces --------------------------------------------------------------------------
 
-    def create_user(self, name: str, is_admin: bool = False) -> UserInfo:
+    def create_user(self, name: str, is_admin: bool = False) -> state.UserInfo:
         _check_name(name, "user name")
         self._insert(users, {"name": name, "is_admin": is_admin, "created_at": store.now()}, f"user '{name}'")
         return self.user(name)
 
-    def user(self, name: str) -> UserInfo:
+    def user(self, name: str) -> state.UserInfo:
         with self.engine.connect() as connection:
             row = connection.execute(users.select().where(users.c.name == name)).first()
             if row is None:
                 raise errors.NotFound(f"user '{name}' not found")
             roles = {
-                m.team: Role(m.role) for m in connection.execute(memberships.select().where(memberships.c.user == name))
+                m.team: state.Role(m.role)
+                for m in connection.execute(memberships.select().where(memberships.c.user == name))
             }
-        return UserInfo(name=row.name, is_admin=row.is_admin, teams=roles)
+        return state.UserInfo(name=row.name, is_admin=row.is_admin, teams=roles)
 
-    def list_users(self) -> builtins.list[UserInfo]:
+    def list_users(self) -> builtins.list[state.UserInfo]:
         with self.engine.connect() as connection:
             names = connection.execute(sa.select(users.c.name).order_by(users.c.name)).scalars().all()
         return [self.user(name) for name in names]
@@ -203,18 +186,19 @@ class IdentityService:
         _check_name(name, "team name")
         self._insert(teams, {"name": name, "created_at": store.now()}, f"team '{name}'")
 
-    def add_member(self, team: str, user: str, role: Role) -> None:
+    def add_member(self, team: str, user: str, role: state.Role) -> None:
         self.user(user)
         self._require(teams, teams.c.name == team, f"team '{team}' not found")
         with self.engine.begin() as connection:
             connection.execute(memberships.delete().where(memberships.c.team == team, memberships.c.user == user))
             connection.execute(memberships.insert().values(team=team, user=user, role=role.value))
+        self.cache.clear()
 
-    def create_namespace(self, name: str, team: str) -> NamespaceInfo:
+    def create_namespace(self, name: str, team: str) -> state.NamespaceInfo:
         _check_name(name, "namespace")
         self._require(teams, teams.c.name == team, f"team '{team}' not found")
         self._insert(namespaces, {"name": name, "team": team}, f"namespace '{name}'")
-        return NamespaceInfo(name=name, team=team)
+        return state.NamespaceInfo(name=name, team=team)
 
     def namespace_team(self, name: str) -> str | None:
         with self.engine.connect() as connection:
@@ -223,72 +207,95 @@ class IdentityService:
             ).scalar()
         return team
 
-    def list_namespaces(self) -> builtins.list[NamespaceInfo]:
+    def list_namespaces(self) -> builtins.list[state.NamespaceInfo]:
         with self.engine.connect() as connection:
             rows = connection.execute(namespaces.select().order_by(namespaces.c.name)).all()
-        return [NamespaceInfo(name=row.name, team=row.team) for row in rows]
+        return [state.NamespaceInfo(name=row.name, team=row.team) for row in rows]
 
     # -- tokens --------------------------------------------------------------------------------------------
 
-    def create_token(self, user: str, name: str, ttl: timedelta | None) -> CreatedToken:
-        """Raises NotFound (user), InvalidSpec (ttl out of range)."""
+    def create_token(
+        self, user: str, name: str, ttl: timedelta | None, *, not_after: datetime | None = None
+    ) -> state.CreatedToken:
+        """Raises NotFound (user), InvalidSpec (ttl out of range, or past ``not_after``)."""
         self.user(user)
         if ttl is not None and not timedelta(0) < ttl <= MAX_TOKEN_TTL:
             raise errors.InvalidSpec(f"token lifetime must be between 1 second and {MAX_TOKEN_TTL.days} days")
-        token_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
         created = store.now()
+        expires_at = created + ttl if ttl else None
+        if not_after is not None and (expires_at is None or expires_at > not_after):
+            raise errors.InvalidSpec(
+                f"a browser session may create tokens that expire by {not_after:%Y-%m-%d %H:%M} UTC at the latest; "
+                "ask for a shorter lifetime, or use an API token"
+            )
+        token_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
         row = {
             "id": token_id,
             "user": user,
             "name": name[:63],
             "secret_hash": _hash(secret),
             "created_at": created,
-            "expires_at": created + ttl if ttl else None,
+            "expires_at": expires_at,
             "revoked_at": None,
         }
         with self.engine.begin() as connection:
             connection.execute(tokens.insert().values(**row))
         info = {k: v for k, v in row.items() if k != "secret_hash"}
-        return CreatedToken(**info, token=f"rpt_{token_id}_{secret}")
+        return state.CreatedToken(**info, token=f"{TOKEN_PREFIX}_{token_id}_{secret}")
 
-    def list_tokens(self, user: str | None = None) -> builtins.list[TokenInfo]:
+    def list_tokens(self, user: str | None = None) -> builtins.list[state.TokenInfo]:
         query = tokens.select().order_by(tokens.c.created_at)
         if user is not None:
             query = query.where(tokens.c.user == user)
         with self.engine.connect() as connection:
             return [_token_info(row) for row in connection.execute(query)]
 
-    def token(self, token_id: str) -> TokenInfo:
+    def token(self, token_id: str) -> state.TokenInfo:
         with self.engine.connect() as connection:
-            row = connection.execute(tokens.select().where(tokens.c.id == token_id)).first()
+            row = connection.execute(tokens.select().where(tokens.c.id == token_id[:16])).first()
         if row is None:
-            raise errors.NotFound(f"token '{token_id}' not found")
+            raise errors.NotFound(f"token '{token_id[:16]}' not found")
         return _token_info(row)
 
-    def revoke_token(self, token_id: str) -> TokenInfo:
-        self.token(token_id)
+    def revoke_token(self, token_id: str) -> state.TokenInfo:
+        """Revoke a token and end every browser session made from it, at once (the cache included)."""
+        found = self.token(token_id)
         with self.engine.begin() as connection:
             connection.execute(
                 tokens.update()
-                .where(tokens.c.id == token_id, tokens.c.revoked_at.is_(None))
+                .where(tokens.c.id == found.id, tokens.c.revoked_at.is_(None))
                 .values(revoked_at=store.now())
             )
-        return self.token(token_id)
+            connection.execute(sessions.delete().where(sessions.c.token_id == found.id))
+        self.cache.clear()
+        return self.token(found.id)
+
+    def cached_principal(self, presented: str) -> Principal | None:
+        """The principal of a token authenticated a moment ago, without touching the database (or None)."""
+        return self.cache.get(presented)
 
     def authenticate_token(self, presented: str) -> Principal:
-        """Raises Unauthenticated for anything but a known, unexpired, unrevoked token."""
-        parts = presented.split("_", 2)
-        if len(parts) != 3 or parts[0] != "rpt":
-            raise errors.Unauthenticated("malformed token; create one with 'raypod token create'")
+        """The one way a presented token becomes a principal: parsing, the cache, hash, revocation and expiry.
+
+        Raises:
+            Unauthenticated: anything but a known, unexpired, unrevoked token.
+        """
+        cached = self.cache.get(presented)
+        if cached is not None:
+            return cached
+        token_id, secret = parse_token(presented)
         with self.engine.connect() as connection:
-            row = connection.execute(tokens.select().where(tokens.c.id == parts[1])).first()
-        if row is None or not hmac.compare_digest(row.secret_hash, _hash(parts[2])):
+            row = connection.execute(tokens.select().where(tokens.c.id == token_id)).first()
+        if row is None or not hmac.compare_digest(row.secret_hash, _hash(secret)):
             raise errors.Unauthenticated("unknown token")
         if row.revoked_at is not None:
             raise errors.Unauthenticated("token was revoked")
-        if row.expires_at is not None and store.aware(row.expires_at) <= store.now():
+        expires_at = store.aware(row.expires_at) if row.expires_at is not None else None
+        if expires_at is not None and expires_at <= store.now():
             raise errors.Unauthenticated("token expired; create a new one with 'raypod token create'")
-        return self.principal(row.user)
+        principal = replace(self.principal(row.user), token_id=token_id, token_expires_at=expires_at)
+        self.cache.put(presented, principal, expires_at.timestamp() if expires_at else None)
+        return principal
 
     def principal(self, user: str) -> Principal:
         info = self.user(user)
@@ -297,27 +304,51 @@ class IdentityService:
     # -- browser sessions ----------------------------------------------------------------------------------
 
     def create_session(self, principal: Principal) -> tuple[str, str]:
-        """Return (session id for the cookie, CSRF token for the page); only a hash of the id is stored."""
+        """Return (session id for the cookie, CSRF token for the page); only a hash of the id is stored.
+
+        The session is bound to the token it was made from: it ends when that token is revoked or expires.
+        """
         session_id, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(24)
+        expires_at = store.now() + SESSION_TTL
+        if principal.token_expires_at is not None:
+            expires_at = min(expires_at, principal.token_expires_at)
         with self.engine.begin() as connection:
             connection.execute(
                 sessions.insert().values(
-                    id_hash=_hash(session_id), user=principal.user, csrf=csrf, expires_at=store.now() + SESSION_TTL
+                    id_hash=_hash(session_id),
+                    user=principal.user,
+                    csrf=csrf,
+                    expires_at=expires_at,
+                    token_id=principal.token_id,
                 )
             )
         return session_id, csrf
 
     def authenticate_session(self, session_id: str) -> Principal:
+        """Raises Unauthenticated for an unknown or expired session, or one whose token was revoked."""
+        query = sa.select(sessions, tokens.c.revoked_at, tokens.c.expires_at.label("token_expires_at")).select_from(
+            sessions.outerjoin(tokens, tokens.c.id == sessions.c.token_id)
+        )
         with self.engine.connect() as connection:
-            row = connection.execute(sessions.select().where(sessions.c.id_hash == _hash(session_id))).first()
-        if row is None or store.aware(row.expires_at) <= store.now():
+            row = connection.execute(query.where(sessions.c.id_hash == _hash(session_id[:128]))).first()
+        now = store.now()
+        if row is None or row.token_id is None or store.aware(row.expires_at) <= now:
             raise errors.Unauthenticated("session expired; log in again")
+        token_expired = row.token_expires_at is not None and store.aware(row.token_expires_at) <= now
+        if row.revoked_at is not None or token_expired:
+            self.end_session(session_id)
+            raise errors.Unauthenticated("the token this session was made from was revoked or expired; log in again")
         principal = self.principal(row.user)
-        return Principal(principal.user, principal.is_admin, principal.teams, session_csrf=row.csrf)
+        return replace(
+            principal,
+            session_csrf=row.csrf,
+            token_id=row.token_id,
+            token_expires_at=store.aware(row.expires_at),
+        )
 
     def end_session(self, session_id: str) -> None:
         with self.engine.begin() as connection:
-            connection.execute(sessions.delete().where(sessions.c.id_hash == _hash(session_id)))
+            connection.execute(sessions.delete().where(sessions.c.id_hash == _hash(session_id[:128])))
 
     # -- helpers -------------------------------------------------------------------------------------------
 
@@ -334,9 +365,9 @@ class IdentityService:
                 raise errors.NotFound(message)
 
 
-def _token_info(row: sa.Row[tuple[object, ...]]) -> TokenInfo:
+def _token_info(row: sa.Row[tuple[object, ...]]) -> state.TokenInfo:
     m = row._mapping
-    return TokenInfo(
+    return state.TokenInfo(
         id=m["id"],
         user=m["user"],
         name=m["name"],
@@ -349,13 +380,3 @@ def _token_info(row: sa.Row[tuple[object, ...]]) -> TokenInfo:
 def _check_name(value: str, what: str) -> None:
     if not spec_mod.DNS1123_LABEL.match(value) or len(value) > 63:
         raise errors.InvalidSpec(f"{what} '{value}' must be a DNS-1123 label (lowercase letters, digits, '-')")
-
-
-def write_credentials(path: Path, server_url: str, token: str, ca_file: Path | None) -> None:
-    """Write the CLI/SDK credentials file, readable by its owner only (0600) from its first byte."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"server": server_url, "token": token, "ca_file": str(ca_file) if ca_file else None}
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        json.dump(data, handle, indent=2)
-    os.chmod(path, 0o600)

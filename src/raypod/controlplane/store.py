@@ -19,38 +19,7 @@ from sqlalchemy import event as sa_event
 
 from raypod import errors, state
 from raypod import spec as spec_mod
-
-metadata = sa.MetaData()
-
-clusters = sa.Table(
-    "clusters",
-    metadata,
-    sa.Column("uid", sa.String(32), primary_key=True),
-    sa.Column("namespace", sa.String(63), nullable=False),
-    sa.Column("name", sa.String(63), nullable=False),
-    sa.Column("spec", sa.Text, nullable=False),
-    sa.Column("generation", sa.Integer, nullable=False, default=1),
-    sa.Column("status", sa.Text, nullable=False),
-    sa.Column("deleting", sa.Boolean, nullable=False, default=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
-    sa.UniqueConstraint("namespace", "name", name="uq_clusters_namespace_name"),
-)
-
-events = sa.Table(
-    "events",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("cluster_uid", sa.String(32), nullable=False, index=True),
-    sa.Column("namespace", sa.String(63), nullable=False),
-    sa.Column("cluster", sa.String(63), nullable=False),
-    sa.Column("time", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("type", sa.String(16), nullable=False),
-    sa.Column("reason", sa.String(64), nullable=False),
-    sa.Column("message", sa.Text, nullable=False),
-    sa.Column("node", sa.String(63), nullable=True),
-    sa.Index("ix_events_namespace_cluster", "namespace", "cluster"),
-)
+from raypod.controlplane.schema import clusters, events
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 

@@ -13,7 +13,7 @@ import raypod
 from raypod import backends, config
 from raypod.backends import base
 from raypod.controlplane import identity, jobs, loop, plan, service, store
-from raypod.server import auth, console, gateway
+from raypod.server import console, gateway
 from raypod.server import errors as server_errors
 from raypod.server.routes import clusters, identities, monitoring
 from raypod.server.routes import jobs as job_routes
@@ -43,7 +43,6 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
             log.info("first start: admin credentials written to %s (mode 0600)", settings.home / "credentials")
         app.state.settings = settings
         app.state.identities = ids
-        app.state.token_cache = auth.TokenCache()
         app.state.clusters = service.ClusterService(db, chosen, ids, wake=reconciler.wake)
         app.state.gateway_routes = gateway.RouteCache(app.state.clusters)
         app.state.jobs = jobs.JobService(app.state.clusters)
@@ -62,7 +61,6 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         finally:
             await app.state.gateway_http.close()
             supervisor.stop()
-            app.state.jobs.close()
             reconciler.stop()
             chosen.close()
             db.close()

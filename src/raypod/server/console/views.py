@@ -9,9 +9,9 @@ from typing import Any
 
 from raypod import spec as spec_mod
 from raypod import state
-from raypod.controlplane import jobs
+from raypod.controlplane.jobs import records
 
-TERMINAL_JOB_STATES = frozenset({jobs.JobStatus.SUCCEEDED, jobs.JobStatus.FAILED, jobs.JobStatus.STOPPED})
+TERMINAL_JOB_STATES = records.TERMINAL_STATUSES
 
 
 def age(since: datetime, now: datetime) -> str:

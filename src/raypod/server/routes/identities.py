@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Form, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from raypod import errors
+from raypod import errors, state
 from raypod.controlplane import identity
 from raypod.server.auth import CSRF_HEADER, SESSION_COOKIE, Caller, identities
 
@@ -29,7 +29,7 @@ class NewUser(_Body):
     name: str = Name
     is_admin: bool = False
     team: str | None = Field(None, max_length=63)
-    role: identity.Role = identity.Role.MEMBER
+    role: state.Role = state.Role.MEMBER
 
 
 class NewTeam(_Body):
@@ -38,7 +38,7 @@ class NewTeam(_Body):
 
 class NewMember(_Body):
     user: str = Name
-    role: identity.Role = identity.Role.MEMBER
+    role: state.Role = state.Role.MEMBER
 
 
 class NewNamespace(_Body):
@@ -58,18 +58,18 @@ def _require_admin(caller: identity.Principal, what: str) -> None:
 
 
 @router.get("/whoami")
-def whoami(caller: Caller, ids: Identities) -> identity.UserInfo:
+def whoami(caller: Caller, ids: Identities) -> state.UserInfo:
     return ids.user(caller.user)
 
 
 @router.get("/users")
-def list_users(caller: Caller, ids: Identities) -> list[identity.UserInfo]:
+def list_users(caller: Caller, ids: Identities) -> list[state.UserInfo]:
     _require_admin(caller, "list users")
     return ids.list_users()
 
 
 @router.post("/users", status_code=201)
-def create_user(caller: Caller, body: NewUser, ids: Identities) -> identity.UserInfo:
+def create_user(caller: Caller, body: NewUser, ids: Identities) -> state.UserInfo:
     _require_admin(caller, "create users")
     ids.create_user(body.name, body.is_admin)
     if body.team:
@@ -85,47 +85,51 @@ def create_team(caller: Caller, body: NewTeam, ids: Identities) -> NewTeam:
 
 
 @router.post("/teams/{team}/members", status_code=201)
-def add_member(caller: Caller, team: str, body: NewMember, ids: Identities) -> identity.UserInfo:
-    if not caller.is_admin and caller.teams.get(team) is not identity.Role.ADMIN:
+def add_member(caller: Caller, team: str, body: NewMember, ids: Identities) -> state.UserInfo:
+    if not caller.is_admin and caller.teams.get(team) is not state.Role.ADMIN:
         raise errors.Forbidden(f"only admins or admins of team '{team}' may add members")
     ids.add_member(team, body.user, body.role)
     return ids.user(body.user)
 
 
 @router.get("/namespaces")
-def list_namespaces(caller: Caller, ids: Identities) -> list[identity.NamespaceInfo]:
+def list_namespaces(caller: Caller, ids: Identities) -> list[state.NamespaceInfo]:
     found = ids.list_namespaces()
     return found if caller.is_admin else [ns for ns in found if ns.team in caller.teams]
 
 
 @router.post("/namespaces", status_code=201)
-def create_namespace(caller: Caller, body: NewNamespace, ids: Identities) -> identity.NamespaceInfo:
+def create_namespace(caller: Caller, body: NewNamespace, ids: Identities) -> state.NamespaceInfo:
     _require_admin(caller, "create namespaces")
     return ids.create_namespace(body.name, body.team)
 
 
 @router.post("/tokens", status_code=201)
-def create_token(caller: Caller, body: NewToken, ids: Identities) -> identity.CreatedToken:
+def create_token(caller: Caller, body: NewToken, ids: Identities, request: Request) -> state.CreatedToken:
     user = body.user or caller.user
     if user != caller.user:
         _require_admin(caller, "create tokens for other users")
     ttl = timedelta(seconds=body.ttl_seconds) if body.ttl_seconds else None
-    return ids.create_token(user, body.name, ttl)
+    # A browser session may not mint a token that outlives it by more than a bound (a stolen cookie must not
+    # turn into a year-long credential).
+    not_after = None
+    if caller.via_session and caller.token_expires_at is not None:
+        not_after = caller.token_expires_at + request.app.state.settings.session_token_max_ttl
+    return ids.create_token(user, body.name, ttl, not_after=not_after)
 
 
 @router.get("/tokens")
-def list_tokens(caller: Caller, ids: Identities) -> list[identity.TokenInfo]:
+def list_tokens(caller: Caller, ids: Identities) -> list[state.TokenInfo]:
     return ids.list_tokens(None if caller.is_admin else caller.user)
 
 
 @router.delete("/tokens/{token_id}")
-def revoke_token(caller: Caller, token_id: str, request: Request, ids: Identities) -> identity.TokenInfo:
-    found = ids.token(token_id[:16])
+def revoke_token(caller: Caller, token_id: str, ids: Identities) -> state.TokenInfo:
+    """Revoke a token; the browser sessions made from it end at once."""
+    found = ids.token(token_id)
     if found.user != caller.user:
         _require_admin(caller, "revoke other users' tokens")
-    revoked = ids.revoke_token(found.id)
-    request.app.state.token_cache.clear()
-    return revoked
+    return ids.revoke_token(found.id)
 
 
 class LoginResult(BaseModel):

@@ -1,0 +1,61 @@
+"""A client of Ray's job REST API on a cluster's dashboard, as a backend provides it (``Backend.job_api``).
+
+The control plane speaks to Ray jobs only through this: the backend decides where the dashboard is and how
+raypod authenticates to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from raypod import errors
+
+
+class RayJobApi:
+    def __init__(self, dashboard_url: str, headers: dict[str, str], http: httpx.Client) -> None:
+        self.url = dashboard_url.rstrip("/")
+        self.headers = headers
+        self.http = http
+
+    def submit(self, body: dict[str, Any]) -> dict[str, Any]:
+        return _object(self._call("POST", "/api/jobs/", json=body))
+
+    def info(self, submission_id: str) -> dict[str, Any]:
+        return _object(self._call("GET", f"/api/jobs/{submission_id}"))
+
+    def list(self) -> list[dict[str, Any]]:
+        found = self._call("GET", "/api/jobs/")
+        return found if isinstance(found, list) else []
+
+    def stop(self, submission_id: str) -> dict[str, Any]:
+        return _object(self._call("POST", f"/api/jobs/{submission_id}/stop"))
+
+    def logs(self, submission_id: str) -> str:
+        return str(_object(self._call("GET", f"/api/jobs/{submission_id}/logs")).get("logs", ""))
+
+    def upload_package(self, package_name: str, content: bytes) -> None:
+        """Put a ``_ray_pkg_<hash>.zip`` on the cluster's GCS, as Ray's own ``--working-dir`` upload does."""
+        self._call("PUT", f"/api/packages/gcs/{package_name}", content=content)
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Raises TransientError (dashboard not answering), InvalidSpec (Ray refused the request)."""
+        try:
+            response = self.http.request(method, f"{self.url}{path}", headers=self.headers, **kwargs)
+        except httpx.HTTPError as exc:
+            raise errors.TransientError(f"cluster dashboard is not answering ({type(exc).__name__})") from None
+        if response.status_code == 404:
+            raise errors.NotFound(f"Ray has no such job ({path})")
+        if response.status_code >= 400:
+            raise errors.InvalidSpec(f"Ray refused the request ({response.status_code}): {response.text[:300]}")
+        try:
+            return response.json() if response.content else {}
+        except ValueError:
+            raise errors.TransientError(f"cluster dashboard answered {path} with something other than JSON") from None
+
+
+def _object(payload: Any) -> dict[str, Any]:
+    if not isinstance(payload, dict):
+        raise errors.TransientError("cluster dashboard answered with an unexpected JSON shape")
+    return payload

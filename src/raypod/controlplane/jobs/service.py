@@ -1,0 +1,102 @@
+"""The job verbs the API calls: submit, list, get, stop, logs and working-dir upload."""
+
+from __future__ import annotations
+
+import builtins
+import secrets
+
+from raypod import errors, state
+from raypod import spec as spec_mod
+from raypod.backends import ray_jobs
+from raypod.controlplane import identity, service, store
+from raypod.controlplane.jobs import packaging
+from raypod.controlplane.jobs.records import TERMINAL_STATUSES, JobRecords
+
+
+class JobService:
+    """raypod jobs on a cluster's Ray job API, through the client the cluster's backend provides."""
+
+    def __init__(self, clusters: service.ClusterService) -> None:
+        self.clusters = clusters
+        self.records = JobRecords(clusters.store.engine)
+
+    def submit(self, caller: identity.Principal, namespace: str, cluster: str, spec: spec_mod.JobSpec) -> state.JobView:
+        """Raises Forbidden (not owner/team admin), NotFound, Conflict (no dashboard), TransientError."""
+        view = self.clusters.get(caller, namespace, cluster, identity.Verb.OPERATE)
+        spec = spec.model_copy(update={"runtime_env": {**view.spec.runtime_env, **spec.runtime_env}})
+        job = state.JobView(
+            id=f"rj-{secrets.token_hex(5)}",
+            namespace=namespace,
+            cluster=cluster,
+            owner=caller.user,
+            spec=spec,
+            status=state.JobStatus.PENDING,
+            attempts=[],
+            created_at=store.now(),
+        )
+        self.submit_attempt(view, job)
+        self.records.insert(job)
+        return job
+
+    def list(self, caller: identity.Principal, namespace: str, cluster: str) -> builtins.list[state.JobView]:
+        """Jobs of a cluster, whether submitted through raypod or with plain Ray tooling (marked by origin)."""
+        self.clusters.authorize(caller, identity.Verb.VIEW, namespace)
+        return self.records.of_cluster(namespace, cluster)
+
+    def get(self, caller: identity.Principal, job_id: str) -> state.JobView:
+        job = self.records.load(job_id)
+        self.clusters.authorize(caller, identity.Verb.VIEW, job.namespace)
+        return job
+
+    def stop(self, caller: identity.Principal, job_id: str) -> state.JobView:
+        """Stop the running attempt; a stopped job is never retried."""
+        job = self.get(caller, job_id)
+        view = self.clusters.get(caller, job.namespace, job.cluster, identity.Verb.OPERATE)
+        self.records.request_stop(job_id)
+        if job.attempts and job.status not in TERMINAL_STATUSES:
+            self.api(view).stop(job.attempts[-1].submission_id)
+        return self.records.load(job_id)
+
+    def logs(self, caller: identity.Principal, job_id: str, attempt: int | None = None) -> str:
+        job = self.get(caller, job_id)
+        if not job.attempts:
+            return ""
+        index = len(job.attempts) if attempt is None else attempt
+        if not 1 <= index <= len(job.attempts):
+            raise errors.NotFound(f"job {job_id} has attempts 1..{len(job.attempts)}, not {index}")
+        view = self.clusters.store.get(job.namespace, job.cluster)
+        return self.api(view).logs(job.attempts[index - 1].submission_id)
+
+    def upload_working_dir(
+        self, caller: identity.Principal, namespace: str, cluster: str, files: builtins.list[tuple[str, bytes]]
+    ) -> str:
+        """Zip uploaded files (relative paths, as a browser sends a picked folder) into a Ray package on the
+        cluster's GCS, and return its ``gcs://`` URI for ``runtime_env.working_dir``.
+
+        Raises:
+            InvalidSpec: no files, an unsafe path, or too many bytes. Forbidden, NotFound, Conflict.
+        """
+        view = self.clusters.get(caller, namespace, cluster, identity.Verb.OPERATE)
+        package = packaging.build_package(files)
+        name = packaging.package_name(package)
+        self.api(view).upload_package(name, package)
+        return f"gcs://{name}"
+
+    def submit_attempt(self, view: state.ClusterView, job: state.JobView) -> None:
+        submission_id = f"{job.id}-{len(job.attempts) + 1}"
+        body = {
+            "entrypoint": job.spec.entrypoint,
+            "submission_id": submission_id,
+            "runtime_env": job.spec.runtime_env or None,
+            "metadata": {**job.spec.metadata, "raypod_job": job.id, "raypod_owner": job.owner},
+        }
+        self.api(view).submit(body)
+        job.attempts.append(state.Attempt(submission_id=submission_id, submitted_at=store.now()))
+        job.status, job.next_attempt_at = state.JobStatus.PENDING, None
+
+    def api(self, view: state.ClusterView) -> ray_jobs.RayJobApi:
+        """Raises Conflict while the cluster has no running dashboard."""
+        url = view.status.endpoints.get("dashboard")
+        if not url or view.deleting:
+            raise errors.Conflict(f"cluster {view.spec.namespace}/{view.spec.name} has no running dashboard yet")
+        return self.clusters.backend.job_api(view.uid, url)

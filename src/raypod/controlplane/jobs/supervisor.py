@@ -1,0 +1,141 @@
+"""Supervision of jobs: follow each attempt on Ray, retry failed ones, and import jobs that plain Ray tooling
+(``ray job submit``, ``JobSubmissionClient``) submitted, so every job of a cluster is listed in one place."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from raypod import errors, state
+from raypod import spec as spec_mod
+from raypod.capabilities.observability import metrics
+from raypod.controlplane import store
+from raypod.controlplane.jobs import retry
+from raypod.controlplane.jobs.service import JobService
+
+log = logging.getLogger(__name__)
+
+IMPORT_INTERVAL_S = 3.0
+IMPORTED_PHASES = frozenset({state.ClusterPhase.READY, state.ClusterPhase.DEGRADED})
+
+
+class JobSupervisor:
+    """A thread that runs ``supervise_once`` every ``interval_s``."""
+
+    def __init__(self, jobs: JobService, interval_s: float = 1.0, import_interval_s: float = IMPORT_INTERVAL_S) -> None:
+        self.jobs = jobs
+        self.interval_s = interval_s
+        self.import_interval_s = import_interval_s
+        self._last_import = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="raypod-jobs", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.supervise_once()
+            except Exception:
+                log.exception("job supervision pass failed")
+
+    def supervise_once(self) -> None:
+        """Import new plain-Ray jobs (every ``import_interval_s``), then refresh every active job."""
+        if time.monotonic() - self._last_import >= self.import_interval_s:
+            self._last_import = time.monotonic()
+            self.import_ray_jobs()
+        for job in self.jobs.records.active():
+            try:
+                self._supervise(job)
+            except errors.RaypodError as exc:
+                log.warning("job %s: %s", job.id, exc.message)
+
+    def import_ray_jobs(self) -> int:
+        """Record the Ray submissions of each running cluster that raypod did not make; returns how many."""
+        imported = 0
+        for view in self.jobs.clusters.store.list():
+            if view.deleting or view.status.phase not in IMPORTED_PHASES:
+                continue
+            try:
+                found = self.jobs.api(view).list()
+            except errors.RaypodError as exc:
+                log.debug("cluster %s/%s: jobs not listed: %s", view.spec.namespace, view.spec.name, exc.message)
+                continue
+            candidates = {imported_id(view.uid, j["submission_id"]): j for j in found if _is_foreign(j)}
+            known = self.jobs.records.known_ids(list(candidates)) if candidates else set()
+            for job_id, info in candidates.items():
+                if job_id not in known and self.jobs.records.insert(_imported(view, job_id, info)):
+                    imported += 1
+        return imported
+
+    def _supervise(self, job: state.JobView) -> None:
+        now = store.now()
+        try:
+            view = self.jobs.clusters.store.get(job.namespace, job.cluster)
+        except errors.NotFound:
+            self.jobs.records.save(job.model_copy(update={"status": state.JobStatus.FAILED}))
+            return
+        if job.status is state.JobStatus.RETRYING:
+            if job.next_attempt_at and now >= job.next_attempt_at and not job.stop_requested:
+                self.jobs.submit_attempt(view, job)
+                self.jobs.records.save(job)
+            elif job.stop_requested:
+                self.jobs.records.save(job.model_copy(update={"status": state.JobStatus.STOPPED}))
+            return
+        current = job.attempts[-1]
+        info = self.jobs.api(view).info(current.submission_id)
+        current.status, current.message = str(info.get("status", "")), str(info.get("message") or "")[:500]
+        decision, when = retry.decide(job, current.status, now)
+        if decision is retry.Decision.WAIT:
+            status = state.JobStatus.RUNNING if current.status == "RUNNING" else state.JobStatus.PENDING
+        else:
+            metrics.JOB_ATTEMPTS.labels(current.status).inc()
+            status = retry.STATUS_OF[decision]
+        self.jobs.records.save(job.model_copy(update={"status": status, "next_attempt_at": when}))
+
+
+def imported_id(cluster_uid: str, submission_id: str) -> str:
+    """A stable raypod id for a plain-Ray submission: importing it twice finds the same row."""
+    return f"rj-{hashlib.sha1(f'{cluster_uid}/{submission_id}'.encode()).hexdigest()[:10]}"
+
+
+def _is_foreign(info: dict[str, Any]) -> bool:
+    metadata = info.get("metadata") or {}
+    return bool(info.get("submission_id")) and "raypod_job" not in metadata
+
+
+def _imported(view: state.ClusterView, job_id: str, info: dict[str, Any]) -> state.JobView:
+    started = info.get("start_time")
+    submitted_at = datetime.fromtimestamp(started / 1000, UTC) if isinstance(started, int | float) else store.now()
+    metadata = {str(k)[:128]: str(v)[:1024] for k, v in (info.get("metadata") or {}).items()}
+    runtime_env = info.get("runtime_env") if isinstance(info.get("runtime_env"), dict) else {}
+    spec = spec_mod.JobSpec(
+        entrypoint=str(info.get("entrypoint") or "(unknown)")[:16384], runtime_env=runtime_env or {}, metadata=metadata
+    )
+    ray_status = str(info.get("status", "PENDING"))
+    attempt = state.Attempt(
+        submission_id=str(info["submission_id"]),
+        status=ray_status,
+        message=str(info.get("message") or "")[:500],
+        submitted_at=submitted_at,
+    )
+    return state.JobView(
+        id=job_id,
+        namespace=view.spec.namespace,
+        cluster=view.spec.name,
+        owner="",
+        spec=spec,
+        status=state.JobStatus.RUNNING if ray_status == "RUNNING" else state.JobStatus.PENDING,
+        attempts=[attempt],
+        created_at=submitted_at,
+        submitted_via=state.SubmittedVia.RAY,
+    )

@@ -1,0 +1,104 @@
+"""The database schema, defined once: every table raypod stores. The Alembic migrations beside it create and
+upgrade it; ``tests/controlplane/test_store.py`` checks that the two agree."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+clusters = sa.Table(
+    "clusters",
+    metadata,
+    sa.Column("uid", sa.String(32), primary_key=True),
+    sa.Column("namespace", sa.String(63), nullable=False),
+    sa.Column("name", sa.String(63), nullable=False),
+    sa.Column("spec", sa.Text, nullable=False),
+    sa.Column("generation", sa.Integer, nullable=False, default=1),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("deleting", sa.Boolean, nullable=False, default=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    sa.UniqueConstraint("namespace", "name", name="uq_clusters_namespace_name"),
+)
+
+events = sa.Table(
+    "events",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("cluster_uid", sa.String(32), nullable=False, index=True),
+    sa.Column("namespace", sa.String(63), nullable=False),
+    sa.Column("cluster", sa.String(63), nullable=False),
+    sa.Column("time", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("type", sa.String(16), nullable=False),
+    sa.Column("reason", sa.String(64), nullable=False),
+    sa.Column("message", sa.Text, nullable=False),
+    sa.Column("node", sa.String(63), nullable=True),
+    sa.Index("ix_events_namespace_cluster", "namespace", "cluster"),
+)
+
+users = sa.Table(
+    "users",
+    metadata,
+    sa.Column("name", sa.String(63), primary_key=True),
+    sa.Column("is_admin", sa.Boolean, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+teams = sa.Table(
+    "teams",
+    metadata,
+    sa.Column("name", sa.String(63), primary_key=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+memberships = sa.Table(
+    "memberships",
+    metadata,
+    sa.Column("team", sa.String(63), primary_key=True),
+    sa.Column("user", sa.String(63), primary_key=True),
+    sa.Column("role", sa.String(16), nullable=False),
+)
+namespaces = sa.Table(
+    "namespaces",
+    metadata,
+    sa.Column("name", sa.String(63), primary_key=True),
+    sa.Column("team", sa.String(63), nullable=False),
+)
+tokens = sa.Table(
+    "tokens",
+    metadata,
+    sa.Column("id", sa.String(16), primary_key=True),
+    sa.Column("user", sa.String(63), nullable=False),
+    sa.Column("name", sa.String(63), nullable=False),
+    sa.Column("secret_hash", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
+)
+sessions = sa.Table(
+    "sessions",
+    metadata,
+    sa.Column("id_hash", sa.String(64), primary_key=True),
+    sa.Column("user", sa.String(63), nullable=False),
+    sa.Column("csrf", sa.String(64), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    # The token the session was made from: revoking or expiring it ends the session (migration 0004).
+    sa.Column("token_id", sa.String(16), nullable=True),
+)
+
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("namespace", sa.String(63), nullable=False),
+    sa.Column("cluster", sa.String(63), nullable=False),
+    sa.Column("owner", sa.String(63), nullable=False),
+    sa.Column("spec", sa.Text, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("attempts", sa.Text, nullable=False),
+    sa.Column("stop_requested", sa.Boolean, nullable=False),
+    sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    # "raypod" (raypod job submit, the console) or "ray" (plain Ray tooling, imported from the cluster).
+    sa.Column("submitted_via", sa.String(8), nullable=False, server_default="raypod"),
+    sa.Index("ix_jobs_cluster", "namespace", "cluster"),
+)
