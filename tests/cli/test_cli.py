@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from fastapi.testclient import TestClient
@@ -17,6 +20,7 @@ from raypod.cli import cluster
 from raypod.cli.main import app
 from raypod.client import Client
 from raypod.server.app import create_app
+from raypod.testing import free_port
 
 runner = CliRunner()
 
@@ -114,3 +118,65 @@ def test_monitoring_up_without_prometheus_says_how_to_install_it(monkeypatch: py
     result = runner.invoke(app, ["monitoring", "up"])
     assert result.exit_code == 1
     assert "Prometheus is not installed" in result.output and "apt-get install prometheus" in result.output
+
+
+def test_job_commands_make_one_sdk_call_each(server: TestClient, backend: FakeBackend) -> None:
+    assert runner.invoke(app, ["cluster", "create", "demo", "--workers", "1"]).exit_code == 0
+    submitted = runner.invoke(app, ["job", "submit", "-c", "demo", "--no-wait", "-o", "json", "--", "python", "x.py"])
+    assert submitted.exit_code == 0, submitted.output
+    job = json.loads(submitted.stdout)
+    assert job["spec"]["entrypoint"] == "python x.py" and job["submitted_via"] == "raypod"
+    listed = runner.invoke(app, ["job", "list", "-c", "demo"])
+    assert job["id"] in listed.stdout and "via=raypod" in listed.stdout
+    logs = runner.invoke(app, ["job", "logs", job["id"]])
+    assert logs.stdout == f"logs of {job['id']}-1\n"
+    stopped = runner.invoke(app, ["job", "stop", job["id"]])
+    assert stopped.exit_code == 0 and "stop requested" in stopped.stdout
+    bad = runner.invoke(app, ["job", "get", "not-a-job"])
+    assert bad.exit_code == 1 and "not a raypod job id" in bad.stderr
+
+
+def test_token_user_team_namespace_commands(server: TestClient) -> None:
+    assert runner.invoke(app, ["team", "create", "ml"]).exit_code == 0
+    assert runner.invoke(app, ["namespace", "create", "ml", "--team", "ml"]).exit_code == 0
+    user = runner.invoke(app, ["user", "create", "bob", "--team", "ml", "-o", "json"])
+    assert json.loads(user.stdout)["teams"] == {"ml": "member"}
+    promoted = runner.invoke(app, ["team", "add-member", "ml", "bob", "--role", "admin"])
+    assert "bob is now admin of team ml" in promoted.stdout
+    created = runner.invoke(app, ["token", "create", "--user", "bob", "--expires-in-days", "1", "-o", "json"])
+    token = json.loads(created.stdout)
+    assert token["token"].startswith("rpt_")
+    listed = json.loads(runner.invoke(app, ["token", "list", "-o", "json"]).stdout)
+    assert token["id"] in [t["id"] for t in listed]
+    revoked = runner.invoke(app, ["token", "revoke", token["id"]])
+    assert revoked.exit_code == 0 and f"token {token['id']} revoked" in revoked.stdout
+    assert "ml" in runner.invoke(app, ["namespace", "list"]).stdout
+
+
+@pytest.mark.skipif(
+    shutil.which("prometheus") is None and not os.environ.get("RAYPOD_REQUIRE_PROMETHEUS"),
+    reason="Prometheus is not installed (apt-get install prometheus)",
+)
+# `monitoring up` leaves Prometheus running on purpose; in-process, Popen's destructor warns about that.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_down_also_stops_the_prometheus_of_monitoring_up(server: TestClient, tmp_path: Path) -> None:
+    from raypod.capabilities.observability import local_prometheus
+
+    port = free_port()
+    up = runner.invoke(app, ["monitoring", "up", "--port", str(port)])
+    assert up.exit_code == 0, up.output
+    running = local_prometheus.read(tmp_path)
+    assert running is not None and psutil.pid_exists(running.pid)
+    token_id = running.token_id
+    down = runner.invoke(app, ["down", "--keep-clusters"])
+    assert down.exit_code == 0, down.output
+    assert "Prometheus stopped" in down.stdout and "its token is revoked" in down.stdout
+    assert not psutil.pid_exists(running.pid) or psutil.Process(running.pid).status() == psutil.STATUS_ZOMBIE
+    assert local_prometheus.read(tmp_path) is None
+    tokens = json.loads(runner.invoke(app, ["token", "list", "-o", "json"]).stdout)
+    assert next(t for t in tokens if t["id"] == token_id)["revoked_at"] is not None
+
+
+def test_down_keep_monitoring_leaves_it_alone(server: TestClient) -> None:
+    down = runner.invoke(app, ["down", "--keep-clusters", "--keep-monitoring"])
+    assert down.exit_code == 0 and "Prometheus" not in down.stdout

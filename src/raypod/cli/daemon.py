@@ -10,10 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
 from raypod import errors
-from raypod.client import _http
+from raypod.client import Client
 
 
 def pid_file(home: Path) -> Path:
@@ -21,11 +19,8 @@ def pid_file(home: Path) -> Path:
 
 
 def is_healthy(server: str, verify: str | bool = True) -> bool:
-    try:
-        response = httpx.get(f"{server.rstrip('/')}/healthz", timeout=1.0, verify=_http.tls_verify(verify))
-        return response.status_code == 200
-    except httpx.HTTPError:
-        return False
+    with Client(server, timeout=1.0, verify=verify) as probe:
+        return probe.is_healthy()
 
 
 def start(home: Path, host: str, port: int, timeout: float = 30.0) -> Path:

@@ -6,8 +6,8 @@ from typing import Annotated, Any
 
 import typer
 
-from raypod.cli import output
-from raypod.cli.cluster import client
+from raypod import state
+from raypod.cli import cluster, output
 from raypod.cli.output import Format
 
 token_app = typer.Typer(help="Create, list and revoke API tokens.", no_args_is_help=True)
@@ -16,10 +16,6 @@ team_app = typer.Typer(help="Manage teams and their members.", no_args_is_help=T
 namespace_app = typer.Typer(help="Manage namespaces (a team owns each).", no_args_is_help=True)
 
 OutputOpt = Annotated[Format, typer.Option("--output", "-o", help="table, json or yaml.")]
-
-
-def _request(method: str, path: str, **kwargs: Any) -> Any:
-    return client().request(method, path, **kwargs)
 
 
 def _emit(data: Any, fmt: Format) -> None:
@@ -35,62 +31,63 @@ def token_create(
 ) -> None:
     """Create a token; the secret is shown this once."""
     ttl = int(expires_in_days * 86400) if expires_in_days else None
-    created = _request("POST", "/api/v1/tokens", json={"name": name, "ttl_seconds": ttl, "user": user})
+    created = cluster.client().tokens.create(name, ttl, user)
     if fmt is not Format.TABLE:
         _emit(created, fmt)
         return
-    output.console.print(f"token {created['id']} for {created['user']} (expires: {created['expires_at'] or 'never'})")
+    output.console.print(f"token {created.id} for {created.user} (expires: {created.expires_at or 'never'})")
     output.console.print("Store it now, it is not shown again:")
-    print(created["token"])
+    print(created.token)
 
 
 @token_app.command("list")
 def token_list(fmt: OutputOpt = Format.TABLE) -> None:
-    _emit(_request("GET", "/api/v1/tokens"), fmt)
+    _emit(cluster.client().tokens.list(), fmt)
 
 
 @token_app.command("revoke")
 def token_revoke(token_id: str) -> None:
-    revoked = _request("DELETE", f"/api/v1/tokens/{token_id}")
-    output.console.print(f"token {revoked['id']} revoked")
+    """Revoke a token; the browser sessions made from it end at once."""
+    revoked = cluster.client().tokens.revoke(token_id)
+    output.console.print(f"token {revoked.id} revoked")
 
 
 @user_app.command("create")
 def user_create(
     name: str,
     team: Annotated[str | None, typer.Option(help="Add to this team.")] = None,
-    role: Annotated[str, typer.Option(help="member or admin (of the team).")] = "member",
+    role: Annotated[state.Role, typer.Option(help="member or admin (of the team).")] = state.Role.MEMBER,
     admin: Annotated[bool, typer.Option("--admin", help="A raypod administrator.")] = False,
     fmt: OutputOpt = Format.TABLE,
 ) -> None:
-    _emit(_request("POST", "/api/v1/users", json={"name": name, "team": team, "role": role, "is_admin": admin}), fmt)
+    _emit(cluster.client().users.create(name, team, role, admin), fmt)
 
 
 @user_app.command("list")
 def user_list(fmt: OutputOpt = Format.TABLE) -> None:
-    _emit(_request("GET", "/api/v1/users"), fmt)
+    _emit(cluster.client().users.list(), fmt)
 
 
 @team_app.command("create")
 def team_create(name: str) -> None:
-    _request("POST", "/api/v1/teams", json={"name": name})
+    cluster.client().teams.create(name)
     output.console.print(f"team {name} created")
 
 
 @team_app.command("add-member")
 def team_add_member(
-    team: str, user: str, role: Annotated[str, typer.Option(help="member or admin")] = "member"
+    team: str, user: str, role: Annotated[state.Role, typer.Option(help="member or admin")] = state.Role.MEMBER
 ) -> None:
-    _request("POST", f"/api/v1/teams/{team}/members", json={"user": user, "role": role})
-    output.console.print(f"{user} is now {role} of team {team}")
+    cluster.client().teams.add_member(team, user, role)
+    output.console.print(f"{user} is now {role.value} of team {team}")
 
 
 @namespace_app.command("create")
 def namespace_create(name: str, team: Annotated[str, typer.Option(help="Team that owns it.")]) -> None:
-    _request("POST", "/api/v1/namespaces", json={"name": name, "team": team})
+    cluster.client().namespaces.create(name, team)
     output.console.print(f"namespace {name} created for team {team}")
 
 
 @namespace_app.command("list")
 def namespace_list(fmt: OutputOpt = Format.TABLE) -> None:
-    _emit(_request("GET", "/api/v1/namespaces"), fmt)
+    _emit(cluster.client().namespaces.list(), fmt)

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from raypod import errors
+from raypod import errors, state
+from raypod import spec as spec_mod
+from raypod.cli import cluster as cluster_cli
 from raypod.cli import output
-from raypod.cli.cluster import client
 from raypod.cli.output import Format
 
 app = typer.Typer(help="Submit, list, follow and stop jobs (with retries).", no_args_is_help=True)
-TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 OutputOpt = Annotated[Format, typer.Option("--output", "-o", help="table, json or yaml.")]
 
 
@@ -53,27 +52,26 @@ def submit(
         runtime_env["working_dir"] = str(working_dir)
     if "working_dir" in runtime_env or "py_modules" in runtime_env:
         runtime_env = _upload_working_dir(cluster, namespace, runtime_env)
-    body = {
-        "entrypoint": " ".join(entrypoint),
-        "runtime_env": runtime_env,
-        "max_retries": max_retries,
-        "backoff_s": backoff,
-    }
-    api = client()
-    job = api.request("POST", f"/api/v1/namespaces/{namespace}/clusters/{cluster}/jobs", json=body)
-    output.errors_console.print(f"job {job['id']} submitted to {namespace}/{cluster}")
+    spec = spec_mod.JobSpec(
+        entrypoint=" ".join(entrypoint), runtime_env=runtime_env, max_retries=max_retries, backoff_s=backoff
+    )
+    api = cluster_cli.client()
+    job = api.jobs.submit(cluster, spec, namespace)
+    output.errors_console.print(f"job {job.id} submitted to {namespace}/{cluster}")
     if wait:
         seen = ""
-        while job["status"] not in TERMINAL:
-            line = f"{job['status']} (attempt {len(job['attempts'])} of {job['spec']['max_retries'] + 1})"
+
+        def progress(current: state.JobView) -> None:
+            nonlocal seen
+            line = f"{current.status.value} (attempt {len(current.attempts)} of {current.spec.max_retries + 1})"
             if line != seen:
                 output.errors_console.print(line)
                 seen = line
-            time.sleep(0.5)
-            job = api.request("GET", f"/api/v1/jobs/{job['id']}")
-        print(api.request("GET", f"/api/v1/jobs/{job['id']}/logs")["logs"], end="")
+
+        job = api.jobs.wait(job.id, timeout=float("inf"), on_progress=progress)
+        print(api.jobs.logs(job.id), end="")
     _render(job, fmt)
-    if wait and job["status"] != "SUCCEEDED":
+    if wait and job.status is not state.JobStatus.SUCCEEDED:
         raise typer.Exit(1)
 
 
@@ -83,42 +81,41 @@ def list_(
     namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
     fmt: OutputOpt = Format.TABLE,
 ) -> None:
-    found = client().request("GET", f"/api/v1/namespaces/{namespace}/clusters/{cluster}/jobs")
+    """Every job of a cluster: submitted with raypod or with plain Ray tooling (``via``)."""
+    found = cluster_cli.client().jobs.list(cluster, namespace)
     if fmt is not Format.TABLE:
         output.emit_data(found, fmt)
         return
     for job in found:
         output.console.print(
-            f"{job['id']}  {job['status']:<10} attempts={len(job['attempts'])}  {job['spec']['entrypoint'][:60]}"
+            f"{job.id}  {job.status.value:<10} via={job.submitted_via.value:<6} attempts={len(job.attempts)}  "
+            f"{job.spec.entrypoint[:60]}"
         )
 
 
 @app.command()
 def get(job_id: str, fmt: OutputOpt = Format.TABLE) -> None:
-    _render(client().request("GET", f"/api/v1/jobs/{job_id}"), fmt)
+    _render(cluster_cli.client().jobs.get(job_id), fmt)
 
 
 @app.command()
 def logs(
     job_id: str, attempt: Annotated[int | None, typer.Option(help="Attempt number (default: last).")] = None
 ) -> None:
-    params = {"attempt": attempt} if attempt else {}
-    print(client().request("GET", f"/api/v1/jobs/{job_id}/logs", params=params)["logs"], end="")
+    print(cluster_cli.client().jobs.logs(job_id, attempt), end="")
 
 
 @app.command()
 def stop(job_id: str) -> None:
     """Stop a job; it will not be retried."""
-    job = client().request("POST", f"/api/v1/jobs/{job_id}/stop")
-    output.console.print(f"job {job['id']}: stop requested")
+    job = cluster_cli.client().jobs.stop(job_id)
+    output.console.print(f"job {job.id}: stop requested")
 
 
-def _render(job: dict[str, Any], fmt: Format) -> None:
+def _render(job: state.JobView, fmt: Format) -> None:
     if fmt is not Format.TABLE:
         output.emit_data(job, fmt)
         return
-    output.console.print(f"job {job['id']} on {job['namespace']}/{job['cluster']}: [bold]{job['status']}[/bold]")
-    for number, attempt in enumerate(job["attempts"], start=1):
-        output.console.print(
-            f"  attempt {number}: {attempt['submission_id']}  {attempt['status']}  {attempt['message'][:80]}"
-        )
+    output.console.print(f"job {job.id} on {job.namespace}/{job.cluster}: [bold]{job.status.value}[/bold]")
+    for number, attempt in enumerate(job.attempts, start=1):
+        output.console.print(f"  attempt {number}: {attempt.submission_id}  {attempt.status}  {attempt.message[:80]}")

@@ -130,12 +130,17 @@ def _print_next_steps(url: str, view: state.ClusterView | None) -> None:
 
 @app.command()
 def down(
-    keep_clusters: Annotated[bool, typer.Option("--keep-clusters", help="Stop only the server.")] = False,
+    keep_clusters: Annotated[bool, typer.Option("--keep-clusters", help="Keep the clusters running.")] = False,
+    keep_monitoring: Annotated[
+        bool, typer.Option("--keep-monitoring", help="Keep the Prometheus of 'raypod monitoring up' running.")
+    ] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each deletion.")] = 120.0,
 ) -> None:
-    """Delete every cluster (unless --keep-clusters) and stop the background server."""
+    """Stop everything raypod started: every cluster, the Prometheus of 'monitoring up', then the server."""
     home = config.default_home()
     url = config.default_server_url()
+    if not keep_monitoring:
+        output.console.print(monitoring.stop_prometheus())
     if not keep_clusters and daemon.is_healthy(url, connection_settings(url).verify):
         api = Client(url)
         views = api.clusters.list()

@@ -8,8 +8,7 @@ from typing import Annotated
 import typer
 
 from raypod import config, errors
-from raypod.cli import output
-from raypod.cli.cluster import client
+from raypod.cli import cluster, output
 from raypod.client import connection_settings
 
 app = typer.Typer(help="Prometheus for every cluster, Grafana dashboards.", no_args_is_help=True)
@@ -30,22 +29,22 @@ def up(
         output.console.print(f"Prometheus already runs at {running.url} (pid {running.pid})")
         return
     local_prometheus.binary()
-    api = client()
-    created = api.request("POST", "/api/v1/tokens", json={"name": "prometheus", "ttl_seconds": None})
+    api = cluster.client()
+    created = api.tokens.create("prometheus", ttl_seconds=None)
     verify = connection_settings().verify
     ca = verify if isinstance(verify, str) else None
     try:
         running = local_prometheus.start(
             home,
             api.server,
-            created["token"],
-            created["id"],
+            created.token,
+            created.id,
             Path(ca) if ca and api.server.startswith("https") else None,
             port=port,
             scrape_interval=scrape_interval,
         )
     except errors.RaypodError:
-        api.request("DELETE", f"/api/v1/tokens/{created['id']}")
+        api.tokens.revoke(created.id)
         raise
     output.console.print(f"Prometheus runs at {running.url} (pid {running.pid}); config {running.config}")
     output.console.print("Targets appear within seconds: 'raypod monitoring status'.")
@@ -54,18 +53,21 @@ def up(
 @app.command("down")
 def down() -> None:
     """Stop Prometheus (its data stays under $RAYPOD_HOME/monitoring) and revoke its token."""
+    output.console.print(stop_prometheus())
+
+
+def stop_prometheus() -> str:
+    """Stop the Prometheus of ``monitoring up`` and revoke its token; returns what happened, in a line."""
     from raypod.capabilities.observability import local_prometheus
 
     stopped = local_prometheus.stop(config.default_home())
     if stopped is None:
-        output.console.print("Prometheus was not running")
-        return
+        return "Prometheus was not running"
     try:
-        client().request("DELETE", f"/api/v1/tokens/{stopped.token_id}")
+        cluster.client().tokens.revoke(stopped.token_id)
     except errors.RaypodError as exc:
-        output.console.print(f"Prometheus stopped; its token was not revoked: {exc.message}")
-        return
-    output.console.print(f"Prometheus stopped (pid {stopped.pid}); its token is revoked")
+        return f"Prometheus stopped; its token was not revoked: {exc.message}"
+    return f"Prometheus stopped (pid {stopped.pid}); its token is revoked"
 
 
 @app.command("status")

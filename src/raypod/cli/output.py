@@ -24,7 +24,9 @@ class Format(StrEnum):
 
 
 def emit_data(data: Any, fmt: Format) -> None:
-    """Print plain data as JSON or YAML, without rich markup so programs can parse it."""
+    """Print data (plain, or pydantic models) as JSON or YAML, without rich markup so programs can parse it."""
+    if isinstance(data, BaseModel) or (isinstance(data, list) and data and isinstance(data[0], BaseModel)):
+        data = _dump(data)
     if fmt is Format.YAML:
         print(yaml.safe_dump(data, sort_keys=False), end="")
     else:

@@ -94,6 +94,151 @@ class Clusters:
         raise errors.TransientError(f"cluster '{name}' still being deleted after {timeout:.0f} s")
 
 
+class Jobs:
+    """Job verbs; names match ``raypod job submit|list|get|logs|stop`` and ``/api/v1/.../jobs``."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    def submit(
+        self, cluster: str, spec: spec_mod.JobSpec | dict[str, Any], namespace: str = "default"
+    ) -> state.JobView:
+        """Submit a raypod job (retried ``max_retries`` times after a FAILED attempt)."""
+        body = spec.model_dump(mode="json") if isinstance(spec, spec_mod.JobSpec) else spec
+        return state.JobView.model_validate(self._t.request("POST", _path(namespace, cluster, "jobs"), json=body))
+
+    def list(self, cluster: str, namespace: str = "default") -> builtins.list[state.JobView]:
+        """Every job of a cluster, those submitted with plain Ray tooling included (``submitted_via``)."""
+        return [state.JobView.model_validate(j) for j in self._t.request("GET", _path(namespace, cluster, "jobs"))]
+
+    def get(self, job_id: str) -> state.JobView:
+        return state.JobView.model_validate(self._t.request("GET", f"/api/v1/jobs/{_job_id(job_id)}"))
+
+    def stop(self, job_id: str) -> state.JobView:
+        return state.JobView.model_validate(self._t.request("POST", f"/api/v1/jobs/{_job_id(job_id)}/stop"))
+
+    def logs(self, job_id: str, attempt: int | None = None) -> str:
+        params = {"attempt": attempt} if attempt else {}
+        payload = self._t.request("GET", f"/api/v1/jobs/{_job_id(job_id)}/logs", params=params)
+        return state.JobLogs.model_validate(payload).logs
+
+    def upload_working_dir(
+        self, cluster: str, files: builtins.list[tuple[str, bytes]], namespace: str = "default"
+    ) -> str:
+        """Upload files (paths relative to a folder) as a Ray package; returns its ``gcs://`` URI."""
+        upload = [("files", (name, data)) for name, data in files]
+        payload = self._t.request("POST", _path(namespace, cluster, "working-dirs"), files=upload)
+        return state.WorkingDir.model_validate(payload).uri
+
+    def wait(
+        self,
+        job_id: str,
+        timeout: float = 3600.0,
+        on_progress: Callable[[state.JobView], None] | None = None,
+    ) -> state.JobView:
+        """Poll until the job succeeded, failed or stopped.
+
+        Raises:
+            TransientError: still running after ``timeout``.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.get(job_id)
+            if on_progress:
+                on_progress(job)
+            if job.status in TERMINAL_JOB_STATUSES:
+                return job
+            if time.monotonic() > deadline:
+                raise errors.TransientError(f"job {job_id} still {job.status.value} after {timeout:.0f} s")
+            time.sleep(0.5)
+
+
+class Tokens:
+    """``raypod token create|list|revoke``; a created token's secret is in the answer only."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    def create(
+        self, name: str = "cli", ttl_seconds: int | None = 30 * 86400, user: str | None = None
+    ) -> state.CreatedToken:
+        body = {"name": name, "ttl_seconds": ttl_seconds, "user": user}
+        return state.CreatedToken.model_validate(self._t.request("POST", "/api/v1/tokens", json=body))
+
+    def list(self) -> builtins.list[state.TokenInfo]:
+        return [state.TokenInfo.model_validate(t) for t in self._t.request("GET", "/api/v1/tokens")]
+
+    def revoke(self, token_id: str) -> state.TokenInfo:
+        """Revoke a token; browser sessions made from it end at once."""
+        if not token_id.replace("-", "").isalnum() or len(token_id) > 16:
+            raise errors.InvalidSpec(f"'{token_id[:40]}' is not a token id (see 'raypod token list')")
+        return state.TokenInfo.model_validate(self._t.request("DELETE", f"/api/v1/tokens/{token_id}"))
+
+
+class Users:
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    def create(
+        self, name: str, team: str | None = None, role: state.Role = state.Role.MEMBER, is_admin: bool = False
+    ) -> state.UserInfo:
+        body = {"name": name, "team": team, "role": state.Role(role).value, "is_admin": is_admin}
+        return state.UserInfo.model_validate(self._t.request("POST", "/api/v1/users", json=body))
+
+    def list(self) -> builtins.list[state.UserInfo]:
+        return [state.UserInfo.model_validate(u) for u in self._t.request("GET", "/api/v1/users")]
+
+    def whoami(self) -> state.UserInfo:
+        return state.UserInfo.model_validate(self._t.request("GET", "/api/v1/whoami"))
+
+
+class Teams:
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    def create(self, name: str) -> state.TeamInfo:
+        return state.TeamInfo.model_validate(self._t.request("POST", "/api/v1/teams", json={"name": name}))
+
+    def add_member(self, team: str, user: str, role: state.Role = state.Role.MEMBER) -> state.UserInfo:
+        body = {"user": user, "role": state.Role(role).value}
+        return state.UserInfo.model_validate(self._t.request("POST", f"/api/v1/teams/{_name(team)}/members", json=body))
+
+
+class Namespaces:
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    def create(self, name: str, team: str) -> state.NamespaceInfo:
+        body = {"name": name, "team": team}
+        return state.NamespaceInfo.model_validate(self._t.request("POST", "/api/v1/namespaces", json=body))
+
+    def list(self) -> builtins.list[state.NamespaceInfo]:
+        return [state.NamespaceInfo.model_validate(n) for n in self._t.request("GET", "/api/v1/namespaces")]
+
+
+class Monitoring:
+    """What Prometheus discovers, raypod's own metrics and a cluster's console charts."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    def targets(self, job: str = "ray") -> builtins.list[dict[str, Any]]:
+        """Prometheus HTTP service discovery: every alive node (``job="ray"``) or raypod itself (``"raypod"``)."""
+        found: builtins.list[dict[str, Any]] = self._t.request("GET", "/api/v1/monitoring/sd", params={"job": job})
+        return found
+
+    def metrics(self) -> str:
+        """raypod's own metrics in Prometheus' text format (admins)."""
+        return str(self._t.request_text("GET", "/metrics"))
+
+    def charts(self, cluster: str, namespace: str = "default") -> dict[str, Any]:
+        result: dict[str, Any] = self._t.request("GET", _path(namespace, cluster, "charts"))
+        return result
+
+
+TERMINAL_JOB_STATUSES = frozenset({state.JobStatus.SUCCEEDED, state.JobStatus.FAILED, state.JobStatus.STOPPED})
+
+
 @dataclasses.dataclass(frozen=True)
 class ConnectionSettings:
     server: str
@@ -101,15 +246,19 @@ class ConnectionSettings:
     verify: str | bool
 
 
-def connection_settings(server: str | None = None, token: str | None = None) -> ConnectionSettings:
+def connection_settings(
+    server: str | None = None, token: str | None = None, verify: str | bool | None = None
+) -> ConnectionSettings:
     """Where the server is and how to talk to it: arguments, then RAYPOD_SERVER / RAYPOD_TOKEN /
     RAYPOD_CA_FILE, then the credentials file in RAYPOD_HOME."""
     stored = config.read_credentials()
     ca_file = os.environ.get("RAYPOD_CA_FILE") or stored.get("ca_file")
+    if verify is None:
+        verify = ca_file if ca_file and os.path.exists(ca_file) else True
     return ConnectionSettings(
         server=server or config.default_server_url(),
         token=token or os.environ.get("RAYPOD_TOKEN") or stored.get("token"),
-        verify=ca_file if ca_file and os.path.exists(ca_file) else True,
+        verify=verify,
     )
 
 
@@ -125,19 +274,34 @@ class Client:
         timeout: float = 30.0,
         http: httpx.Client | None = None,
         token: str | None = None,
+        verify: str | bool | None = None,
     ) -> None:
-        settings = connection_settings(server, token)
+        settings = connection_settings(server, token, verify)
         self._transport = Transport(settings.server, timeout, http, settings.token, settings.verify)
         self.server = self._transport.server
         self.clusters = Clusters(self._transport)
+        self.jobs = Jobs(self._transport)
+        self.tokens = Tokens(self._transport)
+        self.users = Users(self._transport)
+        self.teams = Teams(self._transport)
+        self.namespaces = Namespaces(self._transport)
+        self.monitoring = Monitoring(self._transport)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """Call any API route with this client's credentials; errors raise raypod.errors classes."""
         return self._transport.request(method, path, **kwargs)
 
     def health(self) -> dict[str, Any]:
+        """The public liveness answer. Raises ServerUnreachable."""
         result: dict[str, Any] = self._transport.request("GET", "/healthz")
         return result
+
+    def is_healthy(self) -> bool:
+        try:
+            self.health()
+        except errors.RaypodError:
+            return False
+        return True
 
     def close(self) -> None:
         self._transport.close()
@@ -149,6 +313,18 @@ class Client:
         self.close()
 
 
+def _name(value: str, what: str = "name") -> str:
+    if not spec_mod.DNS1123_LABEL.match(value) or len(value) > 63:
+        raise errors.InvalidSpec(f"{what} '{value[:80]}' is not a valid DNS-1123 label")
+    return value
+
+
+def _job_id(value: str) -> str:
+    if not value.startswith("rj-") or not value[3:].isalnum() or len(value) > 32:
+        raise errors.InvalidSpec(f"'{value[:40]}' is not a raypod job id (rj-...); see 'raypod job list'")
+    return value
+
+
 def _path(namespace: str, name: str, verb: str | None = None) -> str:
     for value, what in ((namespace, "namespace"), (name, "cluster name")):
         if not spec_mod.DNS1123_LABEL.match(value) or len(value) > 63:
@@ -157,4 +333,15 @@ def _path(namespace: str, name: str, verb: str | None = None) -> str:
     return f"{path}/{verb}" if verb else path
 
 
-__all__ = ["Client", "Clusters", "ConnectionSettings", "connection_settings"]
+__all__ = [
+    "Client",
+    "Clusters",
+    "ConnectionSettings",
+    "Jobs",
+    "Monitoring",
+    "Namespaces",
+    "Teams",
+    "Tokens",
+    "Users",
+    "connection_settings",
+]

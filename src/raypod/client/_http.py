@@ -30,6 +30,14 @@ class Transport:
         self._http.headers.update(headers)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """The JSON answer of a call. Raises the raypod.errors class the server raised, or ServerUnreachable."""
+        response = self._send(method, path, **kwargs)
+        return response.json() if response.content else None
+
+    def request_text(self, method: str, path: str, **kwargs: Any) -> str:
+        return self._send(method, path, **kwargs).text
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.ConnectError as exc:
@@ -53,7 +61,7 @@ class Transport:
             except ValueError:
                 payload = {"message": response.text[:200] or f"HTTP {response.status_code}"}
             raise errors.from_payload(payload if isinstance(payload, dict) else {}, response.status_code)
-        return response.json() if response.content else None
+        return response
 
     def close(self) -> None:
         self._http.close()
