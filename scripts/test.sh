@@ -1,8 +1,32 @@
 #!/usr/bin/env bash
-# Install raypod with its test dependencies into .venv and run the whole suite (lint, types, tests).
+# The README's test command: set up everything the suite needs on a fresh Debian machine, then run it all
+# (lint, types, unit, real-Ray e2e, browser, Prometheus, S3). Extra arguments go to pytest.
+#
+# Debian packages (chromium for the console's browser tests, prometheus for the observability tests) are
+# installed when this runs as root or with passwordless sudo and apt-get exists; otherwise one line says which
+# tests will be skipped and why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
+
+DEBIAN_PACKAGES=(chromium prometheus)
+missing=()
+for package in "${DEBIAN_PACKAGES[@]}"; do
+  command -v "$package" >/dev/null 2>&1 || missing+=("$package")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO="sudo -n"; fi
+  if command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; }; then
+    echo "installing Debian packages: ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "cannot install ${missing[*]} (needs apt-get and root or sudo): their tests (browser: chromium;" \
+      "observability: prometheus) will be skipped"
+  fi
+fi
+
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 # The CPU build of torch, from this machine's wheel, before anything could ask for a CUDA one.

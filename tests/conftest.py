@@ -1,4 +1,4 @@
-"""Shared fixtures: paths to ../shared (absent in a user's clone: tests that need it skip)."""
+"""Shared fixtures: the KubeRay CRDs kept in the repository (a user's clone validates manifests too)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+KUBERAY_CRDS = REPO / "src" / "raypod" / "backends" / "kuberay" / "crds"
+KUBERAY_VERSION = "v1.7.0"
 
 
 @pytest.fixture(scope="session")
 def kuberay_crds() -> Path:
-    path = SHARED / "kuberay-crds"
-    if not (path / "ray.io_rayclusters.yaml").exists():
-        pytest.skip("../shared/kuberay-crds is not beside this clone")
-    return path
+    assert (KUBERAY_CRDS / "ray.io_rayclusters.yaml").exists(), f"KubeRay {KUBERAY_VERSION} CRDs missing"
+    return KUBERAY_CRDS

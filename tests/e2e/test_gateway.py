@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,7 +161,10 @@ def test_gateway_needs_credentials(raypod_server: RaypodServer, gateway_cluster:
 
 def test_tokens_never_reach_the_logs(raypod_server: RaypodServer, gateway_cluster: state.ClusterView) -> None:
     secrets = [raypod_server.admin_token, raypod_server.admin_token.split("_", 2)[2], raypod_server.ray_token]
-    logs = [raypod_server.log, *Path("/tmp").glob(f"rp-{gateway_cluster.uid[:10]}/**/*.log")]
+    # The local backend's Ray temp dir is under tempfile.gettempdir() (TMPDIR), not necessarily /tmp.
+    ray_logs = list(Path(tempfile.gettempdir()).glob(f"rp-{gateway_cluster.uid[:10]}/**/*.log"))
+    assert len(ray_logs) >= 5, "the cluster's Ray logs were not found: nothing would be checked"
+    logs = [raypod_server.log, *ray_logs]
     for path in logs:
         text = path.read_text(errors="replace")
         for secret in secrets:
