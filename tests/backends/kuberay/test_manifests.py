@@ -1,4 +1,4 @@
-"""Generated RayCluster manifests validate against KubeRay v1.7.0's CRD schema (kept in src/raypod/backends/kuberay/crds)."""
+"""Generated RayCluster manifests validate against KubeRay v1.7.0's CRD schema (kept in the repository)."""
 
 from __future__ import annotations
 
