@@ -54,9 +54,10 @@ def test_the_snapshot_is_consistent_even_if_training_changes_the_tensors_at_once
         ckpt.save(live, 1)
         live["w"].add_(100.0)  # the next optimizer step, right after save() returned
         ckpt.wait()
-        for tier in ("memory", "disk"):
-            restored = ckpt._load(tier, 1)
-            assert torch.equal(restored["w"], model_state(1)["w"]), tier
+        assert ckpt.disk is not None
+        for tier in (ckpt.memory, ckpt.disk):
+            restored = tier.get(1, 0, 1)
+            assert torch.equal(restored["w"], model_state(1)["w"]), tier.name
     finally:
         ckpt.close()
 
@@ -177,5 +178,52 @@ def test_a_failing_tier_is_reported_and_the_others_go_on(tmp_path: Path) -> None
         assert "durable" in ckpt.errors and ckpt.persisted["disk"] == 1
         restored = ckpt.restore()
         assert restored is not None and restored.step == 1
+    finally:
+        ckpt.close()
+
+
+def test_a_tier_that_cannot_be_listed_is_an_error_not_an_empty_tier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpt = manager(tmp_path)
+    try:
+        ckpt.save(model_state(1), 1)
+        ckpt.wait()
+        assert ckpt.durable is not None
+
+        def refuse(*_args: object, **_kwargs: object) -> list[str]:
+            raise PermissionError("listing denied")
+
+        monkeypatch.setattr(ckpt.durable.fs, "ls", refuse)
+        with pytest.raises(PermissionError):
+            ckpt.durable.steps(0, 1)
+        unlisted: dict[str, str] = {}
+        # Both file tiers are local here, so both share the refusing file system.
+        assert ckpt.available(unlisted) == {"memory": [1]}
+        assert "listing denied" in unlisted["durable"] and "listing denied" in unlisted["disk"]
+        restored = ckpt.restore()
+        assert restored is not None and restored.tier == "memory"
+        assert "listing denied" in restored.skipped["durable"]
+    finally:
+        ckpt.close()
+
+
+def test_a_failed_retention_delete_is_logged_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    ckpt = manager(tmp_path)
+    try:
+        assert ckpt.disk is not None
+
+        def refuse(*_args: object, **_kwargs: object) -> None:
+            raise OSError("read-only file system")
+
+        monkeypatch.setattr(ckpt.disk.fs, "rm_file", refuse)
+        for step in range(1, 6):
+            ckpt.save(model_state(step), step)
+            ckpt.wait()
+        assert ckpt.retention_failures.get("disk", 0) >= 1
+        assert "deleting old steps failed" in caplog.text and "read-only file system" in caplog.text
+        assert ckpt.restore() is not None  # training and restores go on
     finally:
         ckpt.close()

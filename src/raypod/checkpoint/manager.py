@@ -23,8 +23,6 @@ from raypod.checkpoint import tiers
 
 log = logging.getLogger(__name__)
 
-TIER_ORDER = ("memory", "peer", "disk", "durable")
-
 
 @dataclass(frozen=True)
 class Retention:
@@ -92,20 +90,27 @@ class CheckpointManager:
         agree: Callable[[set[int]], int | None] | None = None,
     ) -> None:
         self.run, self.rank, self.world_size, self.retention = run, rank, world_size, retention
-        self.memory = tiers.MemoryTier(retention.memory)
+        # Copies and checksums run on two threads: one Python thread cannot saturate memory bandwidth.
+        self._workers = ThreadPoolExecutor(2, thread_name_prefix="raypod-ckpt-copy")
+        self.memory = tiers.MemoryTier(retention.memory, self._workers)
+        self.peer = tiers.PeerTier(run, rank, retention.peer) if peer else None
         self.disk = tiers.FsspecTier("disk", str(local_dir), run) if local_dir is not None else None
         self.durable = (
-            tiers.FsspecTier("durable", durable_url, run, storage_options) if durable_url is not None else None
+            tiers.FsspecTier("durable", durable_url, run, storage_options, shared=True)
+            if durable_url is not None
+            else None
         )
-        self.peer = tiers.PeerTier(run, rank, retention.peer) if peer else None
+        # Fastest first: restore tries them in this order, persisting writes them in this order.
+        self.tiers: list[tiers.Tier] = [t for t in (self.memory, self.peer, self.disk, self.durable) if t is not None]
+        self._keep = {"memory": retention.memory, "peer": retention.peer, "disk": retention.disk}
+        self._keep["durable"] = retention.durable
         self.agree = agree or _agree
         self.errors: dict[str, str] = {}  # tier -> last error, for callers and metrics
         self.persisted: dict[str, int] = {}  # tier -> newest step written there
+        self.retention_failures: dict[str, int] = {}  # tier -> deletions of old steps that failed
         self._queue: queue.Queue[tuple[tiers.Snapshot, threading.Event] | None] = queue.Queue()
         self._idle = threading.Condition()
         self._pending = 0
-        # Copies and checksums run on two threads: one Python thread cannot saturate memory bandwidth.
-        self._workers = ThreadPoolExecutor(2, thread_name_prefix="raypod-ckpt-copy")
         self._thread = threading.Thread(target=self._persist_loop, name=f"raypod-ckpt-{run}-{rank}", daemon=True)
         self._thread.start()
 
@@ -180,62 +185,71 @@ class CheckpointManager:
             fmt.TensorMeta(m.dtype, m.shape, m.offset, m.nbytes, fmt.checksum(t))
             for m, t in zip(metas, snapshot.tensors, strict=True)
         ]
-        with self.memory.lock:
-            snapshot.complete = True
-        self.persisted["memory"] = snapshot.step
-        rank, world = self.rank, self.world_size
-        peer, disk, durable = self.peer, self.disk, self.durable
-        if peer is not None:
-            self._try("peer", snapshot.step, lambda: peer.write(snapshot, rank, world))
-        local_copy = None
-        if disk is not None:
-            local_copy = self._try("disk", snapshot.step, lambda: disk.write(snapshot, rank, world))
-            if local_copy is not None:
-                self._retain(disk, self.retention.disk)
-        if durable is not None:
-            written = self._try("durable", snapshot.step, lambda: durable.write(snapshot, rank, world, local_copy))
-            if written is not None:
-                self._retain(durable, self.retention.durable)
+        local_copy: str | None = None
+        for tier in self.tiers:
+            written = self._try(tier, snapshot, local_copy)
+            if written is None:
+                continue
+            local_copy = written or local_copy
+            self._retain(tier)
 
-    def _try(self, tier: str, step: int, write: Callable[[], Any]) -> Any:
-        """Write to one tier; a failure is logged and remembered, and the other tiers go on."""
+    def _try(self, tier: tiers.Tier, snapshot: tiers.Snapshot, source: str | None) -> str | None:
+        """Write to one tier; a failure is logged and remembered, and the other tiers go on.
+
+        Returns the local copy the tier made ("" for none), or None when it failed."""
         try:
-            result = write()
+            path = tier.put(snapshot, self.rank, self.world_size, source)
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}"
-            if self.errors.get(tier) != message:
-                log.warning("checkpoint tier %s failed at step %s (%s); the other tiers go on", tier, step, message)
-            self.errors[tier] = message
+            if self.errors.get(tier.name) != message:
+                log.warning(
+                    "checkpoint tier %s failed at step %s (%s); the other tiers go on",
+                    tier.name,
+                    snapshot.step,
+                    message,
+                )
+            self.errors[tier.name] = message
             return None
-        self.errors.pop(tier, None)
-        self.persisted[tier] = step
-        return result if result is not None else True
+        self.errors.pop(tier.name, None)
+        self.persisted[tier.name] = snapshot.step
+        return path or ""
 
-    def _retain(self, tier: tiers.FsspecTier, keep: int) -> None:
-        """Delete older steps: on local disk this rank's own shards (ranks of a node share the folder); in durable
-        storage rank 0 alone deletes, and only steps every rank completed."""
-        if tier is self.durable:
-            if self.rank != 0:
-                return  # no listing of shared storage on every rank's save
-            complete = tier.steps(self.rank, self.world_size, every_rank=True)
-            if len(complete) > keep:
-                # Older steps go too when incomplete (a rank died mid-upload): they can never be restored.
-                tier.delete_steps(step for step in tier.stored_steps() if step < complete[-keep])
+    def _retain(self, tier: tiers.Tier) -> None:
+        """Delete steps older than the newest ``keep`` complete ones. In a shared tier rank 0 alone lists and
+        deletes (no listing of shared storage on every rank's save). A failure is logged and counted."""
+        if tier.shared and self.rank != 0:
             return
-        own = tier.steps(self.rank, self.world_size, every_rank=False)
-        tier.delete_shards(own[:-keep], self.rank, self.world_size)
+        try:
+            complete = tier.steps(self.rank, self.world_size)
+            keep = self._keep[tier.name]
+            if len(complete) > keep:
+                tier.delete(complete[-keep], self.rank, self.world_size)
+        except Exception as exc:
+            self.retention_failures[tier.name] = self.retention_failures.get(tier.name, 0) + 1
+            log.warning(
+                "checkpoint tier %s: deleting old steps failed (%s: %s; %d failure(s) so far)",
+                tier.name,
+                type(exc).__name__,
+                exc,
+                self.retention_failures[tier.name],
+            )
 
     # -- restore -----------------------------------------------------------------------------------------------
 
-    def available(self) -> dict[str, list[int]]:
-        """Steps each tier holds a complete copy of, for this rank (every rank's, for the durable tier)."""
-        found: dict[str, list[int]] = {"memory": self.memory.steps()}
-        if self.peer is not None:
-            found["peer"] = self.peer.steps()
-        if self.disk is not None:
-            found["disk"] = self.disk.steps(self.rank, self.world_size, every_rank=False)
-        if self.durable is not None:
-            found["durable"] = self.durable.steps(self.rank, self.world_size, every_rank=True)
+    def available(self, unlisted: dict[str, str] | None = None) -> dict[str, list[int]]:
+        """Steps each tier holds a complete copy of, for this rank (every rank's, for the durable tier).
+
+        A tier that cannot be listed is left out and, when ``unlisted`` is given, named there with the error.
+        """
+        found: dict[str, list[int]] = {}
+        for tier in self.tiers:
+            try:
+                found[tier.name] = tier.steps(self.rank, self.world_size)
+            except Exception as exc:
+                reason = f"cannot list it: {type(exc).__name__}: {exc}"
+                log.warning("checkpoint tier %s: %s", tier.name, reason)
+                if unlisted is not None:
+                    unlisted[tier.name] = reason
         return found
 
     def restore(self, step: int | None = None, at_most: int | None = None) -> Restored | None:
@@ -248,37 +262,26 @@ class CheckpointManager:
             CorruptCheckpoint: the chosen step is corrupt or unreadable in every tier that holds it.
         """
         started = time.perf_counter()
-        available = self.available()
+        skipped: dict[str, str] = {}
+        available = self.available(skipped)
         if step is None:
             candidates = {s for steps in available.values() for s in steps}
             step = self.agree({s for s in candidates if at_most is None or s <= at_most})
             if step is None:
                 return None
         if not any(step in steps for steps in available.values()):
-            raise fmt.CheckpointNotFound(f"step {step} is in no tier (they hold: {available})")
-        skipped: dict[str, str] = {}
-        for tier in TIER_ORDER:
-            if step not in available.get(tier, []):
+            raise fmt.CheckpointNotFound(f"step {step} is in no tier (they hold: {available}; {skipped or ''})")
+        for tier in self.tiers:
+            if step not in available.get(tier.name, []):
                 continue
             try:
-                state = self._load(tier, step)
+                state = tier.get(step, self.rank, self.world_size)
             except Exception as exc:
-                skipped[tier] = f"{type(exc).__name__}: {exc}"
-                log.warning("checkpoint step %s: skipping the %s tier (%s)", step, tier, skipped[tier])
+                skipped[tier.name] = f"{type(exc).__name__}: {exc}"
+                log.warning("checkpoint step %s: skipping the %s tier (%s)", step, tier.name, skipped[tier.name])
                 continue
-            return Restored(step, tier, state, time.perf_counter() - started, skipped)
+            return Restored(step, tier.name, state, time.perf_counter() - started, skipped)
         raise fmt.CorruptCheckpoint(f"step {step} could not be restored from any tier: {skipped or available}")
-
-    def _load(self, tier: str, step: int) -> Any:
-        if tier == "memory":
-            return self.memory.take(step, self._workers)
-        if tier == "peer" and self.peer is not None:
-            return self.peer.load(step)
-        if tier == "disk" and self.disk is not None:
-            return self.disk.load(step, self.rank, self.world_size)
-        if tier == "durable" and self.durable is not None:
-            return self.durable.load(step, self.rank, self.world_size)
-        raise KeyError(tier)
 
 
 def _agree(steps: set[int]) -> int | None:

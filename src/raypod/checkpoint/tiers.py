@@ -11,10 +11,9 @@ import mmap
 import os
 import threading
 import zlib
-from collections.abc import Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import fsspec
 import numpy as np
@@ -24,6 +23,27 @@ import xxhash
 from raypod.checkpoint import format as fmt
 
 log = logging.getLogger(__name__)
+
+
+class Tier(Protocol):
+    """One place a rank's checkpoints live. The manager knows tiers only through this protocol.
+
+    ``steps`` lists the steps this rank can restore (for a ``shared`` tier: steps every rank completed); a
+    tier that cannot be listed raises, it does not answer "nothing". ``put`` returns a local file holding the
+    shard's bytes when it wrote one (later tiers may upload it instead of re-encoding). ``delete`` removes what
+    this rank may remove of the steps before ``before``.
+    """
+
+    name: str
+    shared: bool  # every rank writes its shard of a step here, and one rank (0) deletes for all
+
+    def put(self, snapshot: Snapshot, rank: int, world_size: int, source: str | None = None) -> str | None: ...
+
+    def steps(self, rank: int, world_size: int) -> list[int]: ...
+
+    def get(self, step: int, rank: int, world_size: int) -> Any: ...
+
+    def delete(self, before: int, rank: int, world_size: int) -> None: ...
 
 
 def step_dir(step: int) -> str:
@@ -71,9 +91,11 @@ class MemoryTier:
     """The newest ``keep`` complete snapshots of this process, plus one being written."""
 
     name = "memory"
+    shared = False
 
-    def __init__(self, keep: int) -> None:
+    def __init__(self, keep: int, pool: Executor) -> None:
         self.keep = max(1, keep)
+        self.pool = pool
         self.snapshots: list[Snapshot] = []
         self.lock = threading.Condition()
 
@@ -104,9 +126,26 @@ class MemoryTier:
             snapshot.busy = False
             self.lock.notify_all()
 
-    def steps(self) -> list[int]:
+    def put(self, snapshot: Snapshot, rank: int, world_size: int, source: str | None = None) -> str | None:
+        """The snapshot is already here: with its checksums computed, it becomes restorable."""
+        with self.lock:
+            snapshot.complete = True
+        return None
+
+    def steps(self, rank: int = 0, world_size: int = 1) -> list[int]:
         with self.lock:
             return sorted(s.step for s in self.snapshots if s.complete)[-self.keep :]
+
+    def get(self, step: int, rank: int = 0, world_size: int = 1) -> Any:
+        return self.take(step, self.pool)
+
+    def delete(self, before: int, rank: int = 0, world_size: int = 1) -> None:
+        """Older steps stop being restorable; their buffers stay, for the next save to copy into."""
+        with self.lock:
+            for old in self.snapshots:
+                if old.complete and not old.busy and old.step < before:
+                    old.complete = False
+            self.lock.notify_all()
 
     def take(self, step: int, pool: Executor) -> Any:
         """The state of a step, verified, without a copy: the snapshot's tensors are handed to the caller and
@@ -140,8 +179,11 @@ class FsspecTier:
     """Shards as files under a URL (``/local/dir``, ``file://``, ``s3://bucket/prefix``, ``gs://...``):
     ``<root>/<run>/step-N/shard-R-of-W.bin``, then its ``.json`` manifest, written last."""
 
-    def __init__(self, name: str, url: str, run: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, name: str, url: str, run: str, storage_options: dict[str, Any] | None = None, *, shared: bool = False
+    ) -> None:
         self.name = name
+        self.shared = shared
         self.fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
         self.root = f"{root.rstrip('/')}/{run}"
         self.url = url
@@ -152,9 +194,13 @@ class FsspecTier:
         base = f"{self.root}/{step_dir(step)}/{shard_name(rank, world_size)}"
         return f"{base}.bin", f"{base}.json"
 
-    def write(self, snapshot: Snapshot, rank: int, world_size: int, local_copy: str | None = None) -> str:
-        """Write a shard, then its manifest; return the shard's path. ``local_copy``: a file already holding the
-        shard's bytes (the local-disk tier's), uploaded instead of re-encoding."""
+    def put(self, snapshot: Snapshot, rank: int, world_size: int, source: str | None = None) -> str | None:
+        """Write a shard, then its manifest; return the shard's path when it is a local file. ``source``: a file
+        already holding the shard's bytes (the local-disk tier's), uploaded instead of re-encoding."""
+        path = self._write(snapshot, rank, world_size, source)
+        return path if self.is_local else None
+
+    def _write(self, snapshot: Snapshot, rank: int, world_size: int, local_copy: str | None) -> str:
         blob_path, manifest_path = self._paths(snapshot.step, rank, world_size)
         self.fs.makedirs(blob_path.rsplit("/", 1)[0], exist_ok=True)
         header = snapshot.header(rank, world_size)
@@ -174,10 +220,14 @@ class FsspecTier:
         return blob_path
 
     def stored_steps(self) -> list[int]:
-        """Every step with a folder here, complete or not."""
+        """Every step with a folder here, complete or not; none before the run's folder exists.
+
+        Raises:
+            OSError (and the file system's own errors): the listing failed; that is not "no steps".
+        """
         try:
             entries = self.fs.ls(self.root, detail=False)
-        except (FileNotFoundError, OSError):
+        except FileNotFoundError:
             return []
         found = []
         for entry in entries:
@@ -187,16 +237,16 @@ class FsspecTier:
                 found.append(int(number))
         return sorted(found)
 
-    def steps(self, rank: int, world_size: int, every_rank: bool) -> list[int]:
-        """Steps whose manifest is written: this rank's, or (``every_rank``) every rank's."""
-        ranks = range(world_size) if every_rank else (rank,)
+    def steps(self, rank: int, world_size: int) -> list[int]:
+        """Steps whose manifest is written: this rank's, or (a shared tier) every rank's."""
+        ranks = range(world_size) if self.shared else (rank,)
         return [
             step
             for step in self.stored_steps()
             if all(self.fs.exists(self._paths(step, r, world_size)[1]) for r in ranks)
         ]
 
-    def load(self, step: int, rank: int, world_size: int) -> Any:
+    def get(self, step: int, rank: int, world_size: int) -> Any:
         blob_path, manifest_path = self._paths(step, rank, world_size)
         manifest = json.loads(self.fs.cat_file(manifest_path))
         if self.is_local:
@@ -222,24 +272,29 @@ class FsspecTier:
             raise fmt.CorruptCheckpoint(f"{self.name}: shard of step {step} holds step {header['step']}")
         return state
 
-    def delete_steps(self, steps: Iterable[int]) -> None:
-        """Delete whole steps, every rank's shards."""
-        for step in steps:
-            with contextlib.suppress(FileNotFoundError, OSError):
-                self.fs.rm(f"{self.root}/{step_dir(step)}", recursive=True)
+    def delete(self, before: int, rank: int, world_size: int) -> None:
+        """Delete the steps before ``before``. A shared tier deletes whole steps, incomplete ones too (a rank
+        that died mid-upload left them; they can never be restored). Otherwise only this rank's shards go:
+        ranks on one node share a local folder, and one rank running ahead must not delete what another needs.
 
-    def delete_shards(self, steps: Iterable[int], rank: int, world_size: int) -> None:
-        """Delete one rank's shards of these steps (manifest first, so a half-deleted shard is never listed), and
-        a step's folder once no rank's shard is left in it: ranks on one node share a local folder, and one rank
-        running ahead must not delete what another still needs."""
-        for step in steps:
+        Raises:
+            OSError: a listing or deletion failed (the caller logs and counts it; training goes on).
+        """
+        old = [step for step in self.stored_steps() if step < before]
+        if self.shared:
+            for step in old:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm(f"{self.root}/{step_dir(step)}", recursive=True)
+            return
+        for step in old:
             blob_path, manifest_path = self._paths(step, rank, world_size)
-            for path in (manifest_path, blob_path):
-                with contextlib.suppress(FileNotFoundError, OSError):
+            for path in (manifest_path, blob_path):  # manifest first: a half-deleted shard is never listed
+                with contextlib.suppress(FileNotFoundError):
                     self.fs.rm_file(path)
-            with contextlib.suppress(FileNotFoundError, OSError):
-                if not self.fs.ls(f"{self.root}/{step_dir(step)}", detail=False):
-                    self.fs.rmdir(f"{self.root}/{step_dir(step)}")
+            folder = f"{self.root}/{step_dir(step)}"
+            with contextlib.suppress(FileNotFoundError):
+                if not self.fs.ls(folder, detail=False):
+                    self.fs.rmdir(folder)
 
     def corrupt(self, step: int, rank: int, world_size: int) -> None:
         """Flip a byte in the middle of a stored shard (failure tests)."""
@@ -285,6 +340,7 @@ class PeerTier:
     node (and its memory and disk) loses no checkpoint the peer has."""
 
     name = "peer"
+    shared = False
 
     def __init__(self, run: str, rank: int, keep: int) -> None:
         import ray
@@ -324,20 +380,31 @@ class PeerTier:
         )
         return self._actor
 
-    def write(self, snapshot: Snapshot, rank: int, world_size: int) -> None:
+    def put(self, snapshot: Snapshot, rank: int, world_size: int, source: str | None = None) -> str | None:
         arrays = [tensor.reshape(-1).view(torch.uint8).numpy() for tensor in snapshot.tensors]
         actor = self._handle(create=True)
         self.ray.get(actor.put.remote(snapshot.step, snapshot.header(rank, world_size), arrays))
+        return None
 
-    def steps(self) -> list[int]:
+    def steps(self, rank: int = 0, world_size: int = 1) -> list[int]:
+        """Steps the replica holds; none when there is no replica (yet, or any more).
+
+        Raises:
+            The replica's error when it exists but cannot answer (e.g. its node died).
+        """
         try:
             steps: list[int] = self.ray.get(self._handle(create=False).steps.remote(), timeout=30)
-            return steps
+        except KeyError:
+            return []
         except Exception:
             self._actor = None
-            return []
+            raise
+        return steps
 
-    def load(self, step: int) -> Any:
+    def delete(self, before: int, rank: int = 0, world_size: int = 1) -> None:
+        """The replica keeps its newest ``keep`` steps itself."""
+
+    def get(self, step: int, rank: int = 0, world_size: int = 1) -> Any:
         header_bytes, arrays = self.ray.get(self._handle(create=False).get.remote(step), timeout=300)
         header, _ = fmt.decode_header(header_bytes)
         tensors = []
