@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import struct
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -133,10 +134,21 @@ def as_bytes(tensor: torch.Tensor) -> memoryview:
     return view.cast("B")
 
 
-def parallel(work: Callable[[T], object], items: list[T], pool: Executor) -> None:
-    """Run ``work`` over ``items`` on two threads, largest items dealt alternately so both finish together."""
+def copy_threads() -> int:
+    """Threads for snapshot copies and checksums: one per core this process may use, 2 to 8 (one Python thread
+    cannot saturate memory bandwidth; more than the cores only contend)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 2
+    return max(2, min(8, cores))
+
+
+def parallel(work: Callable[[T], object], items: list[T], pool: Executor, threads: int = 2) -> None:
+    """Run ``work`` over ``items`` on ``threads`` threads, largest items dealt round-robin so all finish together."""
     ordered = sorted(items, key=_size, reverse=True)
-    for future in [pool.submit(lambda part: [work(item) for item in part], ordered[i::2]) for i in (0, 1)]:
+    parts = [ordered[i::threads] for i in range(threads)]
+    for future in [pool.submit(lambda part: [work(item) for item in part], part) for part in parts if part]:
         future.result()
 
 

@@ -90,8 +90,8 @@ class CheckpointManager:
         agree: Callable[[set[int]], int | None] | None = None,
     ) -> None:
         self.run, self.rank, self.world_size, self.retention = run, rank, world_size, retention
-        # Copies and checksums run on two threads: one Python thread cannot saturate memory bandwidth.
-        self._workers = ThreadPoolExecutor(2, thread_name_prefix="raypod-ckpt-copy")
+        self._threads = fmt.copy_threads()
+        self._workers = ThreadPoolExecutor(self._threads, thread_name_prefix="raypod-ckpt-copy")
         self.memory = tiers.MemoryTier(retention.memory, self._workers)
         self.peer = tiers.PeerTier(run, rank, retention.peer) if peer else None
         self.disk = tiers.FsspecTier("disk", str(local_dir), run) if local_dir is not None else None
@@ -131,7 +131,7 @@ class CheckpointManager:
                 target.copy_(source.detach(), non_blocking=True)
             torch.cuda.synchronize()
         else:
-            fmt.parallel(lambda pair: pair[0].copy_(pair[1].detach()), pairs, self._workers)
+            fmt.parallel(lambda pair: pair[0].copy_(pair[1].detach()), pairs, self._workers, self._threads)
         snapshot.step, snapshot.skeleton = step, skeleton
         saved = Saved(step, time.perf_counter() - started)
         with self._idle:

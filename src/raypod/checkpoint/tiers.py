@@ -115,7 +115,12 @@ class MemoryTier:
                 if len(self.snapshots) < self.keep + 1 or spare:
                     for stale in spare:  # a layout that changed: free it
                         self.snapshots.remove(stale)
-                    fresh = Snapshot(wanted, [torch.empty_like(t, device="cpu") for t in tensors], busy=True)
+                    # Pinned host memory for accelerator tensors: their copies can then run asynchronously.
+                    fresh = Snapshot(
+                        wanted,
+                        [torch.empty_like(t, device="cpu", pin_memory=t.device.type == "cuda") for t in tensors],
+                        busy=True,
+                    )
                     self.snapshots.append(fresh)
                     return fresh
                 if not self.lock.wait(timeout):
