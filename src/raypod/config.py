@@ -69,6 +69,15 @@ class Settings:
     gcs_unreachable_timeout_s: float = 60.0
     # How far past its own end a browser session may let a token it creates live.
     session_token_max_ttl: timedelta = timedelta(days=1)
+    # The gateway: how long an upstream dashboard may be silent, and how many requests one user may have in
+    # flight to one cluster.
+    gateway_connect_timeout_s: float = 10.0
+    gateway_read_timeout_s: float = 120.0
+    gateway_max_in_flight: int = 32
+    # Websockets through the gateway: pinged this often to keep idle paths open; never closed for a late pong.
+    ws_ping_interval_s: float = 30.0
+    max_json_body_bytes: int = 2**20
+    max_upload_bytes: int = 100 * 2**20
     fast_health_checks: bool = True
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -85,6 +94,12 @@ class Settings:
             "node_start_timeout_s": _float_env("RAYPOD_NODE_START_TIMEOUT_S", 180.0),
             "gcs_unreachable_timeout_s": _float_env("RAYPOD_GCS_UNREACHABLE_TIMEOUT_S", 60.0),
             "session_token_max_ttl": timedelta(seconds=_float_env("RAYPOD_SESSION_TOKEN_MAX_TTL_S", 86400.0)),
+            "gateway_connect_timeout_s": _float_env("RAYPOD_GATEWAY_CONNECT_TIMEOUT_S", 10.0),
+            "gateway_read_timeout_s": _float_env("RAYPOD_GATEWAY_READ_TIMEOUT_S", 120.0),
+            "gateway_max_in_flight": int(_float_env("RAYPOD_GATEWAY_MAX_IN_FLIGHT", 32)),
+            "ws_ping_interval_s": _float_env("RAYPOD_WS_PING_INTERVAL_S", 30.0),
+            "max_json_body_bytes": int(_float_env("RAYPOD_MAX_JSON_BODY_BYTES", 2**20)),
+            "max_upload_bytes": int(_float_env("RAYPOD_MAX_UPLOAD_BYTES", 100 * 2**20)),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -42,6 +42,23 @@ class InvalidSpec(RaypodError):
     http_status = 422
 
 
+class BadRequest(RaypodError):
+    """A request raypod will not read as sent (ambiguous framing, a body where none belongs)."""
+
+    code = "bad_request"
+    http_status = 400
+
+
+class PayloadTooLarge(RaypodError):
+    code = "payload_too_large"
+    http_status = 413
+
+
+class TooManyRequests(RaypodError):
+    code = "too_many_requests"
+    http_status = 429
+
+
 class Unauthenticated(RaypodError):
     code = "unauthenticated"
     http_status = 401

@@ -32,7 +32,7 @@ def libs_cluster(raypod_server: RaypodServer) -> Iterator[str]:
 @pytest.mark.parametrize(
     ("script", "last_line"),
     [
-        ("train_script.py", "train-finished 2"),
+        ("train_script.py", "train-finished True"),
         ("data_script.py", "data-finished 999000"),
         ("tune_script.py", "tune-finished 3"),
         ("serve_script.py", "serve-finished 42"),
@@ -66,7 +66,7 @@ def test_jobs_of_plain_ray_tooling_appear_in_raypod(raypod_server: RaypodServer,
         assert len(via_ray) >= 4, jobs
         finished = [api.jobs.wait(job.id, timeout=60) for job in via_ray]
         assert {job.status for job in finished} == {state.JobStatus.SUCCEEDED}
-        assert "train-finished 2" in "".join(api.jobs.logs(job.id) for job in via_ray)
+        assert "train-finished True" in "".join(api.jobs.logs(job.id) for job in via_ray)
     listed = run_cli(raypod_server, "raypod", "job", "list", "-c", libs_cluster)
     assert listed.stdout.count("via=ray ") >= 4, listed.stdout
     with httpx.Client(base_url=raypod_server.url, verify=tls_verify(raypod_server.ca_file)) as browser:

@@ -168,7 +168,11 @@ def test_viewers_read_owners_and_team_admins_operate_outsiders_get_403(
 
     outsider = client.get(path, headers=bearer(dave))
     assert outsider.status_code == 403 and "members of team 'ml'" in outsider.json()["message"]
-    assert client.get("/clusters/ml/train/api/version", headers=bearer(dave)).status_code == 403
+    # Through the gateway an outsider cannot tell an existing cluster from a missing one (issue 12).
+    hidden = client.get("/clusters/ml/train/api/version", headers=bearer(dave))
+    missing = client.get("/clusters/ml/nope/api/version", headers=bearer(dave))
+    assert hidden.status_code == missing.status_code == 404
+    assert hidden.json()["message"].replace("train", "X") == missing.json()["message"].replace("nope", "X")
     assert [c["spec"]["name"] for c in client.get("/api/v1/clusters", headers=bearer(dave)).json()] == []
     assert (
         client.post("/api/v1/clusters", json={"name": "x", "namespace": "ml"}, headers=bearer(dave)).status_code == 403

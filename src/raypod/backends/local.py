@@ -328,6 +328,10 @@ class LocalBackend:
 
     def _environment(self, cluster_id: str, node: spec_mod.NodeSpec) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAYPOD_", "RAY_ADDRESS"))}
+        # `python` in a job's entrypoint is the interpreter Ray runs on (as in a Ray image), even when raypod was
+        # started from a virtual environment that is not activated.
+        interpreter_bin = str(Path(sys.executable).parent)
+        env["PATH"] = os.pathsep.join([interpreter_bin, *(p for p in env.get("PATH", "").split(os.pathsep) if p)])
         env.update(node.env)
         env.update(ray_auth_environment(self._ray_token))
         if self.fast_health_checks and node.is_head:

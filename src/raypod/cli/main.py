@@ -78,6 +78,10 @@ def server(
         access_log=access_log,
         ssl_certfile=str(tls_cert) if settings.tls else None,
         ssl_keyfile=str(tls_key) if settings.tls else None,
+        # Websockets (job log follow) must survive a busy host: ping to keep paths open, never time out on a
+        # late pong; a connection ends when either side closes it.
+        ws_ping_interval=settings.ws_ping_interval_s,
+        ws_ping_timeout=None,
     )
 
 

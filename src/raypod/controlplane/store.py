@@ -85,12 +85,15 @@ class Store:
             ) from None
         return self.get(spec.namespace, spec.name)
 
-    def get(self, namespace: str, name: str) -> state.ClusterView:
-        """Raises NotFound, naming the clusters the namespace does have."""
+    def get(self, namespace: str, name: str, *, list_known: bool = True) -> state.ClusterView:
+        """Raises NotFound, naming the clusters the namespace does have (unless ``list_known`` is false: for
+        callers whose right to see them is not established)."""
         with self.engine.connect() as connection:
             row = connection.execute(
                 clusters.select().where(clusters.c.namespace == namespace, clusters.c.name == name)
             ).first()
+            if row is None and not list_known:
+                raise errors.NotFound(f"cluster '{name}' not found in namespace '{namespace}'")
             if row is None:
                 names = (
                     connection.execute(

@@ -49,8 +49,15 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         supervisor = jobs.JobSupervisor(app.state.jobs, interval_s=min(settings.reconcile_interval_s, 1.0))
         supervisor.start()
         # aiohttp, not httpx, for the proxy hop: it adds about half the latency per request here.
+        app.state.gateway_limit = gateway.ConcurrencyLimit(settings.gateway_max_in_flight)
         app.state.gateway_http = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, connect=30),
+            # No total: a log stream or long poll may last; but no upstream may connect slowly or fall silent.
+            timeout=aiohttp.ClientTimeout(
+                total=None,
+                connect=settings.gateway_connect_timeout_s,
+                sock_connect=settings.gateway_connect_timeout_s,
+                sock_read=settings.gateway_read_timeout_s,
+            ),
             connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=60),
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -39,17 +40,40 @@ HOP_BY_HOP = frozenset(
         "proxy-authenticate",
         "proxy-authorization",
         "te",
+        "trailer",
         "trailers",
         "transfer-encoding",
         "upgrade",
         "host",
+        "content-length",
     }
 )
-# Never forwarded upstream: raypod's own credentials stay with raypod.
-PRIVATE_REQUEST_HEADERS = HOP_BY_HOP | {"authorization", "cookie", auth.CSRF_HEADER}
+# The only request headers forwarded upstream. Everything else (raypod's credentials and cookies, framing headers,
+# X-Forwarded-*/Forwarded from the client, Ray's own x-ray-* headers) stays here; the gateway sets what Ray needs.
+FORWARDED_REQUEST_HEADERS = frozenset(
+    {
+        "accept",
+        "accept-encoding",
+        "accept-language",
+        "cache-control",
+        "content-encoding",
+        "content-type",
+        "if-match",
+        "if-modified-since",
+        "if-none-match",
+        "if-unmodified-since",
+        "pragma",
+        "range",
+        "user-agent",
+    }
+)
 ROUTE_TTL_S = 2.0
 SMALL_BODY_BYTES = 256 * 1024  # answered in one piece; larger bodies stream
-METHODS = ["GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE"]
+# Every method the gateway proxies, each with the right it needs; only methods that need operate rights carry a
+# body upstream (a body on a read is refused: it could smuggle a second request onto a pooled connection).
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+METHODS = sorted(READ_METHODS | WRITE_METHODS)
 
 
 @dataclass(frozen=True)
@@ -73,11 +97,11 @@ class RouteCache:
         return entry[1] if entry and time.monotonic() - entry[0] < ROUTE_TTL_S else None
 
     def lookup(self, namespace: str, name: str) -> Route:
-        """Raises NotFound."""
+        """Raises NotFound (naming no other cluster)."""
         cached = self.cached(namespace, name)
         if cached is not None:
             return cached
-        view = self.clusters.store.get(namespace, name)
+        view = self.clusters.store.get(namespace, name, list_known=False)
         dashboard = view.status.endpoints.get("dashboard")
         route = Route(
             dashboard=dashboard if dashboard and not view.deleting else None,
@@ -100,17 +124,39 @@ def _check_names(namespace: str, name: str) -> None:
 async def _resolve(
     request_state: object, principal: identity.Principal, namespace: str, name: str, verb: identity.Verb
 ) -> Route:
+    """Authorize, then look up: a caller who may not view the namespace gets exactly the answer of a cluster
+    that does not exist there, and no names.
+
+    Raises:
+        NotFound, Forbidden (may view but not operate), Conflict (no dashboard yet).
+    """
     _check_names(namespace, name)
     cache: RouteCache = request_state.gateway_routes  # type: ignore[attr-defined]
     resolved = cache.cached(namespace, name)
     if resolved is None:
-        resolved = await run_in_threadpool(cache.lookup, namespace, name)
-    identity.authorize(principal, identity.Verb.VIEW, namespace, resolved.team)
+        ids: identity.IdentityService = request_state.identities  # type: ignore[attr-defined]
+        team = await run_in_threadpool(ids.namespace_team, namespace)
+        try:
+            identity.authorize(principal, identity.Verb.VIEW, namespace, team)
+        except errors.Forbidden:
+            raise errors.NotFound(_not_found(namespace, name)) from None
+        try:
+            resolved = await run_in_threadpool(cache.lookup, namespace, name)
+        except errors.NotFound:
+            raise errors.NotFound(_not_found(namespace, name)) from None
+    try:
+        identity.authorize(principal, identity.Verb.VIEW, namespace, resolved.team)
+    except errors.Forbidden:
+        raise errors.NotFound(_not_found(namespace, name)) from None
     if verb is not identity.Verb.VIEW:
         identity.authorize(principal, verb, namespace, resolved.team, resolved.owner)
     if resolved.dashboard is None:
         raise errors.Conflict(f"cluster {namespace}/{name} has no running dashboard yet ({resolved.message})")
     return resolved
+
+
+def _not_found(namespace: str, name: str) -> str:
+    return f"cluster '{name}' not found in namespace '{namespace}'"
 
 
 async def _principal(request: Request) -> identity.Principal:
@@ -131,6 +177,63 @@ async def cluster_root(request: Request, namespace: str, name: str) -> RedirectR
     return RedirectResponse(f"/clusters/{namespace}/{name}/", status_code=307)
 
 
+def _framing(request: Request) -> int | None:
+    """The request body's length (None: chunked), after refusing framing that two parsers could read apart.
+
+    Raises:
+        BadRequest: both Content-Length and Transfer-Encoding, several or malformed Content-Lengths, or a
+        body on a method that reads.
+    """
+    lengths = request.headers.getlist("content-length")
+    chunked = bool(request.headers.getlist("transfer-encoding"))
+    if lengths and chunked:
+        raise errors.BadRequest("ambiguous request framing: both Content-Length and Transfer-Encoding")
+    if len(lengths) > 1 or any(not value.strip().isdigit() for value in lengths):
+        raise errors.BadRequest("ambiguous request framing: several or malformed Content-Length headers")
+    length = int(lengths[0]) if lengths else None
+    if request.method in READ_METHODS and (chunked or (length or 0) > 0):
+        raise errors.BadRequest(f"a {request.method} request through the gateway may not carry a body")
+    return length
+
+
+def _upstream_headers(request: Request, route: Route, prefix: str, length: int | None) -> list[tuple[str, str]]:
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() in FORWARDED_REQUEST_HEADERS]
+    client = request.client.host if request.client else ""
+    headers += [
+        ("X-Forwarded-For", client),
+        ("X-Forwarded-Proto", request.url.scheme),
+        ("X-Forwarded-Host", request.headers.get("host", "")),
+        ("X-Forwarded-Prefix", prefix),
+    ]
+    if request.method in WRITE_METHODS and length is not None:
+        headers.append(("Content-Length", str(length)))
+    headers.extend(route.headers.items())
+    return headers
+
+
+class ConcurrencyLimit:
+    """At most ``limit`` requests of one user in flight to one cluster: one caller cannot tie up a dashboard."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._in_flight: dict[tuple[str, str, str], int] = {}
+
+    @contextlib.contextmanager
+    def hold(self, user: str, namespace: str, name: str) -> Iterator[None]:
+        key = (user, namespace, name)
+        if self._in_flight.get(key, 0) >= self.limit:
+            raise errors.TooManyRequests(
+                f"user '{user}' has {self.limit} requests in flight to cluster {namespace}/{name}; retry shortly"
+            )
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            self._in_flight[key] -= 1
+            if not self._in_flight[key]:
+                del self._in_flight[key]
+
+
 async def proxy(request: Request) -> Response:
     """Forward a request to the cluster's Ray dashboard, streaming both bodies (package uploads are large).
 
@@ -140,38 +243,57 @@ async def proxy(request: Request) -> Response:
     params = request.path_params
     namespace, name, path = params["namespace"], params["name"], params["path"]
     principal = await _principal(request)
-    verb = identity.Verb.VIEW if request.method in auth.SAFE_METHODS else identity.Verb.OPERATE
+    verb = identity.Verb.VIEW if request.method in READ_METHODS else identity.Verb.OPERATE
     route = await _resolve(request.app.state, principal, namespace, name, verb)
+    length = _framing(request)
+    limit: ConcurrencyLimit = request.app.state.gateway_limit
     session: aiohttp.ClientSession = request.app.state.gateway_http
-    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in PRIVATE_REQUEST_HEADERS]
-    headers.extend(route.headers.items())
+    headers = _upstream_headers(request, route, f"/clusters/{namespace}/{name}", length)
     url = f"{route.dashboard}/{path}" + (f"?{request.url.query}" if request.url.query else "")
-    started = time.perf_counter()
-    try:
-        upstream = await session.request(
-            request.method,
-            url,
-            headers=headers,
-            data=request.stream() if request.method not in ("GET", "HEAD") else None,
-            allow_redirects=False,
-            auto_decompress=False,
-        )
-    except (aiohttp.ClientError, OSError) as exc:
-        raise errors.TransientError(
-            f"cluster {namespace}/{name} dashboard is not answering ({type(exc).__name__})"
-        ) from None
-    metrics.GATEWAY_SECONDS.labels(metrics.gateway_route(path)).observe(time.perf_counter() - started)
-    response_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
-    if upstream.content_length is not None and upstream.content_length <= SMALL_BODY_BYTES:
-        body = await upstream.read()
-        upstream.release()
-        return Response(body, status_code=upstream.status, headers=response_headers)
+    release: list[Callable[[], object]] = []
+    with limit.hold(principal.user, namespace, name):
+        started = time.perf_counter()
+        try:
+            upstream = await session.request(
+                request.method,
+                url,
+                headers=headers,
+                data=request.stream() if request.method in WRITE_METHODS else None,
+                allow_redirects=False,
+                auto_decompress=False,
+            )
+        except TimeoutError:
+            raise errors.TransientError(f"cluster {namespace}/{name} dashboard did not answer in time") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise errors.TransientError(
+                f"cluster {namespace}/{name} dashboard is not answering ({type(exc).__name__})"
+            ) from None
+        metrics.GATEWAY_SECONDS.labels(metrics.gateway_route(path)).observe(time.perf_counter() - started)
+        response_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+        if upstream.content_length is not None and upstream.content_length <= SMALL_BODY_BYTES:
+            try:
+                body = await upstream.read()
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise errors.TransientError(
+                    f"cluster {namespace}/{name} dashboard broke off its answer ({type(exc).__name__})"
+                ) from None
+            finally:
+                upstream.release()
+            return Response(body, status_code=upstream.status, headers=response_headers)
+        release.append(upstream.release)
     return StreamingResponse(
-        upstream.content.iter_any(),
+        _relay(upstream),
         status_code=upstream.status,
         headers=response_headers,
-        background=BackgroundTask(upstream.release),
+        background=BackgroundTask(release[0]),
     )
+
+
+async def _relay(upstream: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The upstream body; a dashboard that stalls past the read timeout ends the answer instead of hanging it."""
+    with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+        async for chunk in upstream.content.iter_any():
+            yield chunk
 
 
 @router.websocket("/clusters/{namespace}/{name}/{path:path}")
@@ -198,8 +320,15 @@ async def proxy_websocket(websocket: WebSocket, namespace: str, name: str, path:
         target += f"?{websocket.url.query}"
     try:
         # No permessage-deflate upstream: aiohttp's compressed frames (Ray's dashboard) end a `websockets` session.
+        # Pings keep the path open, but a late pong on a busy host never closes a log stream.
         async with websockets.connect(
-            target, additional_headers=route.headers, max_size=None, compression=None
+            target,
+            additional_headers=route.headers,
+            max_size=None,
+            compression=None,
+            ping_interval=state.settings.ws_ping_interval_s,
+            ping_timeout=None,
+            open_timeout=state.settings.gateway_connect_timeout_s,
         ) as upstream:
             await websocket.accept()
             await _pump(websocket, upstream)
@@ -215,19 +344,28 @@ def _same_origin(websocket: WebSocket) -> bool:
 
 
 async def _pump(client: WebSocket, upstream: websockets.ClientConnection) -> None:
+    """Relay frames both ways until one side closes; the other side is then closed with the same code."""
+
     async def downstream() -> None:
-        async for message in upstream:
-            if isinstance(message, bytes):
-                await client.send_bytes(message)
-            else:
-                await client.send_text(message)
-        await client.close()
+        try:
+            async for message in upstream:
+                if isinstance(message, bytes):
+                    await client.send_bytes(message)
+                else:
+                    await client.send_text(message)
+        except websockets.ConnectionClosed:
+            pass
+        code = upstream.close_code if upstream.close_code is not None else 1000
+        with contextlib.suppress(Exception):
+            await client.close(code=code if code != 1005 else 1000, reason=(upstream.close_reason or "")[:120])
 
     async def upstream_side() -> None:
         while True:
             message = await client.receive()
             if message["type"] == "websocket.disconnect":
-                await upstream.close()
+                code = int(message.get("code") or 1000)
+                with contextlib.suppress(Exception):
+                    await upstream.close(code=code if 1000 <= code < 5000 and code not in (1005, 1006) else 1000)
                 return
             if message.get("bytes") is not None:
                 await upstream.send(message["bytes"])
