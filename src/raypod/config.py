@@ -17,6 +17,21 @@ def default_home() -> Path:
     return Path(os.environ.get("RAYPOD_HOME") or Path.home() / ".raypod")
 
 
+def secure_home(home: Path) -> None:
+    """Make ``home`` 0700 and the database and state files in it 0600: they hold users' env and runtime_env
+    secrets, token hashes and the credentials. New files are created private (umask 077) by this process."""
+    os.umask(0o077)
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(home, 0o700)
+    for path in home.rglob("*"):
+        if path.is_symlink():
+            continue
+        if path.is_dir():
+            os.chmod(path, 0o700)
+        elif path.is_file():
+            os.chmod(path, 0o600)
+
+
 def credentials_path() -> Path:
     return default_home() / "credentials"
 
@@ -81,6 +96,7 @@ class Settings:
     fast_health_checks: bool = True
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    tls_ca: Path | None = None  # the CA clients should trust (raypod's local CA for its own certificate)
     tls: bool = True
 
     @classmethod

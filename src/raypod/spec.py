@@ -7,6 +7,7 @@ A ``ClusterSpec`` describes one Ray cluster independently of where it runs: the 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -37,6 +38,10 @@ MAX_REPLICAS = 1000
 MAX_WORKER_GROUPS = 32
 MAX_CPUS_PER_NODE = 1024
 MAX_GPUS_PER_NODE = 64
+MAX_ENV_VARS = 256
+MAX_ENV_VALUE_BYTES = 32 * 1024
+MAX_ENV_BYTES = 96 * 1024
+MAX_RUNTIME_ENV_BYTES = 64 * 1024
 RAY_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
 RESERVED_LABEL_PREFIXES = ("ray.io/", "raypod.io/")
 HEAD_GROUP = "headgroup"
@@ -60,13 +65,18 @@ def parse_bytes(value: Any) -> int:
     """Parse a Kubernetes-style byte quantity ("2Gi", "512Mi", "1G", 1073741824) into bytes."""
     if isinstance(value, bool):
         raise ValueError("a byte quantity cannot be a boolean")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("a byte quantity must be a finite number")
     if isinstance(value, int | float):
         number = int(value)
     elif isinstance(value, str):
         match = _QUANTITY.match(value)
         if not match:
             raise ValueError(f"'{value}' is not a byte quantity (examples: 512Mi, 2Gi, 1G, 1073741824)")
-        number = int(float(match.group(1)) * _UNITS[match.group(2)])
+        scaled = float(match.group(1)) * _UNITS[match.group(2)]
+        if not math.isfinite(scaled):
+            raise ValueError(f"'{value[:40]}' is too large a byte quantity")
+        number = int(scaled)
     else:
         raise ValueError(f"'{value}' is not a byte quantity")
     if number < 0:
@@ -86,7 +96,7 @@ ByteSize = Annotated[int, BeforeValidator(parse_bytes), PlainSerializer(format_b
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class NodeGroupSpec(_Strict):
@@ -215,21 +225,24 @@ class ClusterSpec(_Strict):
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            if not ENV_NAME.match(key):
-                raise ValueError(f"environment variable name '{key}' must match [A-Za-z_][A-Za-z0-9_]*")
+        if len(value) > MAX_ENV_VARS:
+            raise ValueError(f"at most {MAX_ENV_VARS} environment variables")
+        for key, item in value.items():
+            if len(key) > 256 or not ENV_NAME.match(key):
+                raise ValueError(f"environment variable name '{key[:80]}' must match [A-Za-z_][A-Za-z0-9_]{{0,255}}")
             if key.startswith("RAYPOD_"):
                 raise ValueError(f"environment variable '{key}' uses the reserved prefix RAYPOD_")
+            if len(item.encode()) > MAX_ENV_VALUE_BYTES:
+                # Linux refuses to start a process with one variable over 128 KiB (E2BIG).
+                raise ValueError(f"environment variable '{key}' is over {MAX_ENV_VALUE_BYTES // 1024} KiB")
+        if sum(len(k) + len(v.encode()) + 2 for k, v in value.items()) > MAX_ENV_BYTES:
+            raise ValueError(f"environment variables are over {MAX_ENV_BYTES // 1024} KiB in all")
         return value
 
     @field_validator("runtime_env")
     @classmethod
     def _runtime_env(cls, value: dict[str, Any]) -> dict[str, Any]:
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"runtime_env must be JSON-serialisable: {exc}") from exc
-        return value
+        return check_runtime_env(value)
 
     @model_validator(mode="after")
     def _unique_groups(self) -> ClusterSpec:
@@ -385,12 +398,35 @@ def _clean(message: str) -> str:
 MAX_JOB_BACKOFF_S = 300.0
 
 
+def check_runtime_env(value: dict[str, Any]) -> dict[str, Any]:
+    """Raises ValueError: not JSON, or over MAX_RUNTIME_ENV_BYTES once encoded."""
+    try:
+        encoded = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"runtime_env must be JSON-serialisable: {exc}") from exc
+    if len(encoded) > MAX_RUNTIME_ENV_BYTES:
+        raise ValueError(f"runtime_env is over {MAX_RUNTIME_ENV_BYTES // 1024} KiB as JSON")
+    return value
+
+
 class JobSpec(BaseModel):
     """A raypod job: one Ray job submission, resubmitted after a FAILED attempt like KubeRay's ``backoffLimit``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     entrypoint: str = Field(min_length=1, max_length=16384)
     runtime_env: dict[str, Any] = Field(default_factory=dict)
     metadata: dict[str, str] = Field(default_factory=dict)
     max_retries: int = Field(0, ge=0, le=20, description="Resubmissions after a FAILED attempt (backoffLimit).")
     backoff_s: float = Field(2.0, ge=0, le=MAX_JOB_BACKOFF_S, description="First retry delay; doubles each time.")
+
+    @field_validator("runtime_env")
+    @classmethod
+    def _runtime_env(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_runtime_env(value)
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > 64 or any(len(k) > 128 or len(v) > 1024 for k, v in value.items()):
+            raise ValueError("metadata: at most 64 entries, keys up to 128 and values up to 1024 characters")
+        return value

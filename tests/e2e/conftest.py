@@ -64,7 +64,7 @@ class RaypodServer:
 
     @property
     def ca_file(self) -> str:
-        return str(self.home / "tls" / "server.crt")
+        return str(self.home / "tls" / "ca.crt")
 
     @property
     def ray_token(self) -> str:

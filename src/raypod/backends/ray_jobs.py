@@ -6,7 +6,7 @@ raypod authenticates to it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
@@ -35,14 +35,25 @@ class RayJobApi:
     def logs(self, submission_id: str) -> str:
         return str(_object(self._call("GET", f"/api/jobs/{submission_id}/logs")).get("logs", ""))
 
-    def upload_package(self, package_name: str, content: bytes) -> None:
-        """Put a ``_ray_pkg_<hash>.zip`` on the cluster's GCS, as Ray's own ``--working-dir`` upload does."""
-        self._call("PUT", f"/api/packages/gcs/{package_name}", content=content)
+    def upload_package(self, package_name: str, content: bytes | BinaryIO) -> None:
+        """Put a ``_ray_pkg_<hash>.zip`` on the cluster's GCS, as Ray's own ``--working-dir`` upload does; a file
+        is streamed in chunks."""
+        if isinstance(content, bytes):
+            self._call("PUT", f"/api/packages/gcs/{package_name}", content=content)
+            return
+        content.seek(0, 2)
+        size = content.tell()
+        content.seek(0)
+        chunks = iter(lambda: content.read(2**20), b"")
+        self._call(
+            "PUT", f"/api/packages/gcs/{package_name}", content=chunks, headers_extra={"Content-Length": str(size)}
+        )
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _call(self, method: str, path: str, headers_extra: dict[str, str] | None = None, **kwargs: Any) -> Any:
         """Raises TransientError (dashboard not answering), InvalidSpec (Ray refused the request)."""
+        headers = {**self.headers, **(headers_extra or {})}
         try:
-            response = self.http.request(method, f"{self.url}{path}", headers=self.headers, **kwargs)
+            response = self.http.request(method, f"{self.url}{path}", headers=headers, **kwargs)
         except httpx.HTTPError as exc:
             raise errors.TransientError(f"cluster dashboard is not answering ({type(exc).__name__})") from None
         if response.status_code == 404:

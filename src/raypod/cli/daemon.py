@@ -43,7 +43,7 @@ def start(home: Path, host: str, port: int, timeout: float = 30.0) -> Path:
         )
     pid_file(home).write_text(str(process.pid))
     url = f"https://{host}:{port}"
-    ca_file = home / "tls" / "server.crt"
+    ca_file = home / "tls" / "ca.crt"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if ca_file.exists() and is_healthy(url, str(ca_file)):

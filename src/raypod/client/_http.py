@@ -44,7 +44,7 @@ class Transport:
             if "CERTIFICATE_VERIFY_FAILED" in str(exc):
                 raise errors.ServerUnreachable(
                     f"the TLS certificate of {self.server} is not trusted; set RAYPOD_CA_FILE to its CA file "
-                    "(the server's own is $RAYPOD_HOME/tls/server.crt)"
+                    "(raypod's own is $RAYPOD_HOME/tls/ca.crt)"
                 ) from None
             raise errors.ServerUnreachable(
                 f"cannot reach the raypod server at {self.server} ({type(exc).__name__}); "

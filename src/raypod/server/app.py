@@ -13,7 +13,7 @@ import raypod
 from raypod import backends, config
 from raypod.backends import base
 from raypod.controlplane import identity, jobs, loop, plan, service, store
-from raypod.server import console, gateway
+from raypod.server import console, gateway, limits
 from raypod.server import errors as server_errors
 from raypod.server.routes import clusters, identities, monitoring
 from raypod.server.routes import jobs as job_routes
@@ -26,6 +26,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        config.secure_home(settings.home)
         db = store.Store(settings.resolved_database_url)
         chosen = backend or backends.create_backend(settings)
         reconciler = loop.Reconciler(
@@ -38,7 +39,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
             gcs_unreachable_timeout_s=settings.gcs_unreachable_timeout_s,
         )
         ids = identity.IdentityService(db)
-        ca_file = settings.tls_cert if settings.tls else None
+        ca_file = (settings.tls_ca or settings.tls_cert) if settings.tls else None
         if ids.bootstrap(settings.home / "credentials", settings.public_url, ca_file):
             log.info("first start: admin credentials written to %s (mode 0600)", settings.home / "credentials")
         app.state.settings = settings
@@ -79,6 +80,9 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         lifespan=lifespan,
     )
     server_errors.install(app)
+    app.add_middleware(
+        limits.BodyLimit, json_limit=settings.max_json_body_bytes, upload_limit=settings.max_upload_bytes
+    )
     app.include_router(clusters.router)
     app.include_router(identities.router)
     app.include_router(job_routes.router)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from fastapi import Depends, Request
 
@@ -29,6 +30,23 @@ def bearer_token(authorization: str | None) -> str | None:
     return value.strip()
 
 
+def check_same_origin(request: Request) -> None:
+    """Refuse a browser request another site made (login CSRF, cookie-authenticated changes).
+
+    Browsers say where a request comes from (``Origin``, ``Sec-Fetch-Site``); a client that sends neither is not
+    a browser acting for another site.
+
+    Raises:
+        Forbidden: a cross-site or cross-origin request.
+    """
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        raise errors.Forbidden(f"cross-site request refused (Sec-Fetch-Site: {site[:20]})")
+    origin = request.headers.get("origin")
+    if origin is not None and (origin == "null" or urlsplit(origin).netloc != request.headers.get("host")):
+        raise errors.Forbidden("cross-origin request refused: it must come from this server's own pages")
+
+
 def identities(request: Request) -> identity.IdentityService:
     service: identity.IdentityService = request.app.state.identities
     return service
@@ -48,6 +66,7 @@ def authenticate(request: Request) -> identity.Principal:
     if session_id:
         principal = ids.authenticate_session(session_id)
         if request.method not in SAFE_METHODS:
+            check_same_origin(request)
             sent = request.headers.get(CSRF_HEADER, "")
             if not principal.session_csrf or not hmac.compare_digest(sent, principal.session_csrf):
                 raise errors.Forbidden(f"missing or wrong {CSRF_HEADER} header for a session request")

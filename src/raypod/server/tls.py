@@ -1,4 +1,9 @@
-"""TLS material for the server: the user's certificate, or a self-signed one made on first start."""
+"""TLS material for the server: the user's certificate, or one made on first start.
+
+Made here: a local CA (``tls/ca.crt``, its key 0600) that signs a leaf server certificate (``CA:FALSE``,
+``serverAuth``, SANs for localhost, the host name, 127.0.0.1 and the bind address). Clients trust ``ca.crt``;
+the server's own certificate cannot sign anything.
+"""
 
 from __future__ import annotations
 
@@ -7,46 +12,97 @@ import ipaddress
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 
-def self_signed(home: Path) -> tuple[Path, Path]:
-    """Return (cert, key) under ``home/tls``, creating them once; the key is written 0600."""
+def ca_path(home: Path) -> Path:
+    return home / "tls" / "ca.crt"
+
+
+def self_signed(home: Path, host: str = "127.0.0.1") -> tuple[Path, Path]:
+    """Return (cert, key) under ``home/tls``, creating them (and the local CA) once; keys are written 0600."""
     directory = home / "tls"
     cert_path, key_path = directory / "server.crt", directory / "server.key"
-    if cert_path.exists() and key_path.exists():
+    if cert_path.exists() and key_path.exists() and ca_path(home).exists():
         return cert_path, key_path
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    directory.mkdir(parents=True, exist_ok=True)
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "raypod")])
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     now = datetime.datetime.now(datetime.UTC)
-    names: list[x509.GeneralName] = [
-        x509.DNSName("localhost"),
-        x509.DNSName(socket.gethostname()),
-        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-    ]
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"raypod local CA ({socket.gethostname()})")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = [x509.DNSName("localhost"), x509.DNSName(socket.gethostname())]
+    addresses = {"127.0.0.1"}
+    try:
+        if not ipaddress.ip_address(host).is_unspecified:
+            addresses.add(host)
+    except ValueError:
+        names.append(x509.DNSName(host))
+    names += [x509.IPAddress(ipaddress.ip_address(address)) for address in sorted(addresses)]
     cert = (
         x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "raypod")]))
+        .issuer_name(ca_name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=825))
+        .not_valid_after(now + datetime.timedelta(days=397))
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
     )
-    descriptor = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "wb") as handle:
-        handle.write(
-            key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            )
-        )
+    _write_private(directory / "ca.key", _pem_key(ca_key))
+    _write_private(key_path, _pem_key(key))
+    from cryptography.hazmat.primitives import serialization
+
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    ca_path(home).write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     return cert_path, key_path
+
+
+def _pem_key(key: Any) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    data: bytes = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return data
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(data)
+    os.chmod(path, 0o600)

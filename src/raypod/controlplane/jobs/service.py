@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import builtins
 import secrets
+import tempfile
+from collections.abc import Sequence
+from typing import BinaryIO, cast
 
 from raypod import errors, state
 from raypod import spec as spec_mod
@@ -68,19 +71,30 @@ class JobService:
         return self.api(view).logs(job.attempts[index - 1].submission_id)
 
     def upload_working_dir(
-        self, caller: identity.Principal, namespace: str, cluster: str, files: builtins.list[tuple[str, bytes]]
+        self,
+        caller: identity.Principal,
+        namespace: str,
+        cluster: str,
+        files: Sequence[tuple[str, packaging.Source]],
+        limit: int = packaging.MAX_WORKING_DIR_BYTES,
     ) -> str:
         """Zip uploaded files (relative paths, as a browser sends a picked folder) into a Ray package on the
-        cluster's GCS, and return its ``gcs://`` URI for ``runtime_env.working_dir``.
+        cluster's GCS, and return its ``gcs://`` URI for ``runtime_env.working_dir``. The zip is spooled to disk
+        and streamed to Ray: nothing is held whole in memory.
 
         Raises:
             InvalidSpec: no files, an unsafe path, or too many bytes. Forbidden, NotFound, Conflict.
         """
         view = self.clusters.get(caller, namespace, cluster, identity.Verb.OPERATE)
-        package = packaging.build_package(files)
-        name = packaging.package_name(package)
-        self.api(view).upload_package(name, package)
+        with tempfile.SpooledTemporaryFile(max_size=packaging.CHUNK_BYTES) as spooled:
+            package = cast(BinaryIO, spooled)
+            name = packaging.write_package(files, package, limit)
+            self.api(view).upload_package(name, package)
         return f"gcs://{name}"
+
+    def authorize_upload(self, caller: identity.Principal, namespace: str, cluster: str) -> None:
+        """Raises what ``upload_working_dir`` would for the caller's rights, before any byte is read."""
+        self.clusters.get(caller, namespace, cluster, identity.Verb.OPERATE)
 
     def submit_attempt(self, view: state.ClusterView, job: state.JobView) -> None:
         submission_id = f"{job.id}-{len(job.attempts) + 1}"

@@ -10,6 +10,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+import pydantic
+
 from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.capabilities.observability import metrics
@@ -116,11 +118,13 @@ def _is_foreign(info: dict[str, Any]) -> bool:
 def _imported(view: state.ClusterView, job_id: str, info: dict[str, Any]) -> state.JobView:
     started = info.get("start_time")
     submitted_at = datetime.fromtimestamp(started / 1000, UTC) if isinstance(started, int | float) else store.now()
-    metadata = {str(k)[:128]: str(v)[:1024] for k, v in (info.get("metadata") or {}).items()}
+    metadata = {str(k)[:128]: str(v)[:1024] for k, v in list((info.get("metadata") or {}).items())[:64]}
     runtime_env = info.get("runtime_env") if isinstance(info.get("runtime_env"), dict) else {}
-    spec = spec_mod.JobSpec(
-        entrypoint=str(info.get("entrypoint") or "(unknown)")[:16384], runtime_env=runtime_env or {}, metadata=metadata
-    )
+    entrypoint = str(info.get("entrypoint") or "(unknown)")[:16384]
+    try:
+        spec = spec_mod.JobSpec(entrypoint=entrypoint, runtime_env=runtime_env or {}, metadata=metadata)
+    except pydantic.ValidationError:  # what Ray accepted may be beyond raypod's limits: keep what identifies it
+        spec = spec_mod.JobSpec(entrypoint=entrypoint)
     ray_status = str(info.get("status", "PENDING"))
     attempt = state.Attempt(
         submission_id=str(info["submission_id"]),

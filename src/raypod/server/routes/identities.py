@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from raypod import errors, state
 from raypod.controlplane import identity
-from raypod.server.auth import CSRF_HEADER, SESSION_COOKIE, Caller, identities
+from raypod.server.auth import CSRF_HEADER, SESSION_COOKIE, Caller, check_same_origin, identities
 
 router = APIRouter(prefix="/api/v1", tags=["identities"])
 login_router = APIRouter(tags=["login"])
@@ -139,8 +139,10 @@ class LoginResult(BaseModel):
 
 @login_router.post("/login")
 def login(request: Request, response: Response, ids: Identities, token: Annotated[str, Form()]) -> LoginResult:
-    """Exchange an API token for a browser session (HttpOnly, Secure, SameSite=Strict cookie)."""
-    principal = ids.authenticate_token(token.strip())
+    """Exchange an API token for a browser session (HttpOnly, Secure, SameSite=Strict cookie), bound to that
+    token: revoking it ends the session. Only this server's own pages may post here (no login CSRF)."""
+    check_same_origin(request)
+    principal = ids.authenticate_token(token.strip()[:512])
     session_id, csrf = ids.create_session(principal)
     response.set_cookie(
         SESSION_COOKIE,

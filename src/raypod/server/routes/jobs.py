@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, File, Path, Query, Request, UploadFile
+from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile as StarletteUpload
+from starlette.formparsers import MultiPartException
 
+from raypod import errors, state
 from raypod import spec as spec_mod
-from raypod import state
 from raypod.controlplane import jobs
 from raypod.server.auth import Caller
 from raypod.server.routes.clusters import NamePath
@@ -25,17 +27,57 @@ def job_service(request: Request) -> jobs.JobService:
 Service = Annotated[jobs.JobService, Depends(job_service)]
 
 
-@router.post("/namespaces/{namespace}/clusters/{name}/working-dirs", status_code=201)
+UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["files"],
+                    "properties": {
+                        "files": {
+                            "type": "array",
+                            "items": {"type": "string", "format": "binary"},
+                            "description": "Files named by their path inside the folder.",
+                        }
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+@router.post("/namespaces/{namespace}/clusters/{name}/working-dirs", status_code=201, openapi_extra=UPLOAD_BODY)
 async def upload_working_dir(
-    caller: Caller,
-    namespace: NamePath,
-    name: NamePath,
-    svc: Service,
-    files: Annotated[list[UploadFile], File(description="Files named by their path inside the folder.")],
+    caller: Caller, namespace: NamePath, name: NamePath, svc: Service, request: Request
 ) -> state.WorkingDir:
-    """Upload a folder (as a browser sends one) as a Ray working_dir package on the cluster."""
-    contents = [(upload.filename or "", await upload.read()) for upload in files]
-    return state.WorkingDir(uri=await run_in_threadpool(svc.upload_working_dir, caller, namespace, name, contents))
+    """Upload a folder (as a browser sends one) as a Ray working_dir package on the cluster.
+
+    Rights are checked before a byte of the body is read; the body streams to disk (parts over 1 MiB spill to
+    temporary files) and is refused with 413 past ``RAYPOD_MAX_UPLOAD_BYTES``.
+    """
+    limit: int = request.app.state.settings.max_upload_bytes
+    await run_in_threadpool(svc.authorize_upload, caller, namespace, name)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise errors.PayloadTooLarge(f"working dir upload of {int(declared)} bytes is over the limit of {limit} bytes")
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise errors.InvalidSpec("send the folder as multipart/form-data, one 'files' part per file")
+    try:
+        form = await request.form(max_files=100_000, max_fields=100)
+    except MultiPartException as exc:
+        raise errors.InvalidSpec(f"malformed multipart body: {exc.message}") from None
+    try:
+        files = [
+            (part.filename or "", part.file) for part in form.getlist("files") if isinstance(part, StarletteUpload)
+        ]
+        return state.WorkingDir(
+            uri=await run_in_threadpool(svc.upload_working_dir, caller, namespace, name, files, limit)
+        )
+    finally:
+        await form.close()
 
 
 @router.post("/namespaces/{namespace}/clusters/{name}/jobs", status_code=201)
