@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.e2e.conftest import RaypodServer
 
 REPO = Path(__file__).resolve().parents[1]
 KUBERAY_CRDS = REPO / "src" / "raypod" / "backends" / "kuberay" / "crds"
@@ -15,3 +20,37 @@ KUBERAY_VERSION = "v1.7.0"
 def kuberay_crds() -> Path:
     assert (KUBERAY_CRDS / "ray.io_rayclusters.yaml").exists(), f"KubeRay {KUBERAY_VERSION} CRDs missing"
     return KUBERAY_CRDS
+
+
+@pytest.fixture(scope="session")
+def raypod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaypodServer]:
+    """One real raypod server for the session (e2e and security tests share it and its clusters)."""
+    import psutil
+
+    from raypod.backends import local
+    from raypod.testing import free_port
+    from tests.e2e.conftest import RaypodServer, cluster_processes
+
+    server = RaypodServer(tmp_path_factory.mktemp("raypod-home"), free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        try:
+            with server.client() as api:
+                views = api.clusters.list()
+                for view in views:
+                    api.clusters.delete(view.spec.name, view.spec.namespace)
+                for view in views:
+                    api.clusters.wait_deleted(view.spec.name, view.spec.namespace, timeout=60)
+        except Exception:
+            pass
+        server.stop()
+        local_root = server.home / "local"
+        ids = {p.name for p in local_root.iterdir()} if local_root.exists() else set()
+        for process in cluster_processes():
+            try:
+                if process.environ().get(local.CLUSTER_MARKER) in ids:
+                    process.kill()
+            except psutil.Error:
+                pass

@@ -22,7 +22,6 @@ import pytest
 
 from raypod.backends import local
 from raypod.client import Client
-from raypod.testing import free_port
 from tests.conftest import REPO
 
 CHROMIUM = os.environ.get("RAYPOD_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -124,33 +123,6 @@ def cluster_processes(cluster_id: str | None = None) -> list[psutil.Process]:
         if marker and (cluster_id is None or marker == cluster_id):
             found.append(process)
     return found
-
-
-@pytest.fixture(scope="session")
-def raypod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaypodServer]:
-    server = RaypodServer(tmp_path_factory.mktemp("raypod-home"), free_port())
-    server.start()
-    try:
-        yield server
-    finally:
-        try:
-            with server.client() as api:
-                views = api.clusters.list()
-                for view in views:
-                    api.clusters.delete(view.spec.name, view.spec.namespace)
-                for view in views:
-                    api.clusters.wait_deleted(view.spec.name, view.spec.namespace, timeout=60)
-        except Exception:
-            pass
-        server.stop()
-        local_root = server.home / "local"
-        ids = {p.name for p in local_root.iterdir()} if local_root.exists() else set()
-        for process in cluster_processes():
-            try:
-                if process.environ().get(local.CLUSTER_MARKER) in ids:
-                    process.kill()
-            except psutil.Error:
-                pass
 
 
 def driver_env(server: RaypodServer, address: str) -> dict[str, str]:
