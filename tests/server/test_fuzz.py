@@ -43,16 +43,38 @@ def _serve(tmp: Path) -> tuple[str, str, uvicorn.Server, threading.Thread]:
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
     url, token, server, thread = _serve(tmp_path_factory.mktemp("fuzz"))
-    httpx.post(f"{url}/api/v1/clusters", json={"name": "demo"}, headers={"Authorization": f"Bearer {token}"})
-    yield url, token
+    admin = {"Authorization": f"Bearer {token}"}
+    httpx.post(f"{url}/api/v1/clusters", json={"name": "demo"}, headers=admin)
+    httpx.post(f"{url}/api/v1/users", json={"name": "viewer", "team": "default"}, headers=admin).raise_for_status()
+    viewer = httpx.post(f"{url}/api/v1/tokens", json={"user": "viewer"}, headers=admin).json()["token"]
+    yield url, token, viewer
     server.should_exit = True
     thread.join(timeout=10)
 
 
-def test_no_request_gets_a_server_error(live: tuple[str, str]) -> None:
-    url, token = live
+# Routes a team member who is not the cluster's owner (nor an admin) may never change anything through.
+OPERATE_ROUTES = (
+    ("POST", "/scale"),
+    ("DELETE", "/clusters/"),
+    ("POST", "/jobs"),
+    ("POST", "/working-dirs"),
+    ("POST", "/stop"),
+    ("POST", "/api/v1/users"),
+    ("POST", "/api/v1/teams"),
+    ("POST", "/api/v1/namespaces"),
+    ("GET", "/metrics"),
+    ("GET", "/api/v1/users"),
+)
+
+
+def _is_operate(method: str, path: str) -> bool:
+    return any(method == verb and fragment in path for verb, fragment in OPERATE_ROUTES)
+
+
+def test_no_request_gets_a_server_error_and_no_viewer_operates(live: tuple[str, str, str]) -> None:
+    url, token, viewer = live
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) > 15
@@ -63,13 +85,19 @@ def test_no_request_gets_a_server_error(live: tuple[str, str]) -> None:
         @given(case=operation.as_strategy())
         @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         def check(case: schemathesis.Case) -> None:
-            for headers in ({"Authorization": f"Bearer {token}"}, {}):
+            for who, headers in (
+                ("admin", {"Authorization": f"Bearer {token}"}),
+                ("viewer", {"Authorization": f"Bearer {viewer}"}),
+                ("nobody", {}),
+            ):
                 response = case.call(base_url=url, headers=headers)
                 statuses.append(response.status_code)
-                where = (case.method, case.formatted_path, response.status_code, response.text[:300])
+                where = (who, case.method, case.formatted_path, response.status_code, response.text[:300])
                 assert response.status_code < 500, where
-                if not headers and case.formatted_path not in ("/healthz", "/login"):
+                if who == "nobody" and case.formatted_path not in ("/healthz", "/login"):
                     assert response.status_code in (401, 404, 405, 422), where
+                if who == "viewer" and _is_operate(case.method, case.formatted_path):
+                    assert not 200 <= response.status_code < 300, where
 
         check()
     assert len(statuses) > 200 and {200, 401, 422} <= set(statuses)

@@ -1,0 +1,202 @@
+"""Attacks through the gateway on a real Ray 2.60 dashboard, with raw TLS sockets (nothing normalises the
+requests on the way): no request reaches Ray that its sender may not make, and nothing hangs.
+
+Also: an upload is refused before its body is read, and a job's log follow survives a host kept busy."""
+
+from __future__ import annotations
+
+import re
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from raypod import state
+from raypod.client._http import tls_verify
+from tests.e2e.conftest import RaypodServer
+from tests.e2e.test_gateway import ray_cli
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+CLUSTER = "/clusters/default/sec"
+
+
+@pytest.fixture(scope="module")
+def sec_cluster(raypod_server: RaypodServer) -> Iterator[state.ClusterView]:
+    with raypod_server.client() as api:
+        api.clusters.create({"name": "sec", "head": {"memory": "512Mi", "object_store_memory": "80Mi"}})
+        yield api.clusters.wait_ready("sec", timeout=180)
+        api.clusters.delete("sec")
+
+
+@pytest.fixture(scope="module")
+def viewer(raypod_server: RaypodServer) -> str:
+    with raypod_server.client() as api:
+        api.users.create("sec-viewer", team="default")
+        return api.tokens.create("sec", user="sec-viewer").token
+
+
+def raw(server: RaypodServer, payload: bytes, wait_s: float = 8.0) -> list[int]:
+    """Send bytes on one TLS connection and return the status of every response read until it goes quiet."""
+    context = ssl.create_default_context(cafile=server.ca_file)
+    with (
+        socket.create_connection(("127.0.0.1", server.port), timeout=wait_s) as plain,
+        context.wrap_socket(plain, server_hostname="127.0.0.1") as sock,
+    ):
+        sock.sendall(payload)
+        received = b""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                chunk = sock.recv(65536)
+            except (TimeoutError, ssl.SSLError, OSError):
+                break
+            if not chunk:
+                break
+            received += chunk
+            sock.settimeout(max(0.1, min(2.0, deadline - time.monotonic())))
+    return [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3}) ", received)]
+
+
+def ray_jobs(server: RaypodServer) -> list[str]:
+    """Entrypoints of every job Ray has, asked through the gateway as the admin."""
+    answer = httpx.get(
+        f"{server.url}{CLUSTER}/api/jobs/",
+        headers={"Authorization": f"Bearer {server.admin_token}"},
+        verify=tls_verify(server.ca_file),
+        timeout=30,
+    )
+    answer.raise_for_status()
+    return [str(job.get("entrypoint")) for job in answer.json()]
+
+
+def smuggled_post() -> bytes:
+    body = b'{"entrypoint": "echo smuggled-by-a-viewer"}'
+    return (
+        b"POST " + CLUSTER.encode() + b"/api/jobs/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+
+
+def request(method: str, path: str, token: str, extra: bytes = b"", body: bytes = b"") -> bytes:
+    return (
+        f"{method} {CLUSTER}{path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n".encode()
+        + extra
+        + b"\r\n"
+        + body
+    )
+
+
+def test_a_get_with_a_body_cannot_smuggle_an_owner_request(
+    raypod_server: RaypodServer, sec_cluster: state.ClusterView, viewer: str
+) -> None:
+    inner = smuggled_post()
+    attack = request("GET", "/api/version", viewer, f"Content-Length: {len(inner)}\r\n".encode(), inner)
+    follow_up = request("GET", "/api/version", viewer)
+    statuses = raw(raypod_server, attack + follow_up)
+    assert statuses[:1] == [400], statuses
+    assert not any("smuggled" in entry for entry in ray_jobs(raypod_server))
+
+
+def test_an_options_request_with_a_body_is_refused(
+    raypod_server: RaypodServer, sec_cluster: state.ClusterView, viewer: str
+) -> None:
+    inner = smuggled_post()
+    attack = request("OPTIONS", "/api/jobs/", viewer, f"Content-Length: {len(inner)}\r\n".encode(), inner)
+    assert raw(raypod_server, attack)[:1] == [400]
+    assert not any("smuggled" in entry for entry in ray_jobs(raypod_server))
+
+
+def test_content_length_with_transfer_encoding_is_refused(
+    raypod_server: RaypodServer, sec_cluster: state.ClusterView, viewer: str
+) -> None:
+    inner = smuggled_post()
+    chunked = f"{len(inner):x}\r\n".encode() + inner + b"\r\n0\r\n\r\n"
+    headers = b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n"
+    statuses = raw(raypod_server, request("GET", "/api/version", viewer, headers, chunked))
+    assert statuses and statuses[0] == 400, statuses
+    assert not any("smuggled" in entry for entry in ray_jobs(raypod_server))
+
+
+def test_duplicate_content_lengths_are_refused(
+    raypod_server: RaypodServer, sec_cluster: state.ClusterView, viewer: str
+) -> None:
+    headers = b"Content-Length: 0\r\nContent-Length: 40\r\n"
+    statuses = raw(raypod_server, request("POST", "/api/jobs/", raypod_server.admin_token, headers, b"x" * 40))
+    assert statuses and statuses[0] == 400, statuses
+
+
+def test_pipelined_requests_are_each_authorized(
+    raypod_server: RaypodServer, sec_cluster: state.ClusterView, viewer: str
+) -> None:
+    body = b'{"entrypoint": "echo pipelined-by-a-viewer"}'
+    post = request(
+        "POST",
+        "/api/jobs/",
+        viewer,
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n".encode(),
+        body,
+    )
+    statuses = raw(
+        raypod_server, request("GET", "/api/version", viewer) + post + request("GET", "/api/version", viewer)
+    )
+    assert statuses == [200, 403, 200], statuses
+    assert not any("pipelined" in entry for entry in ray_jobs(raypod_server))
+
+
+def test_an_upload_without_rights_is_answered_before_its_body_is_read(
+    raypod_server: RaypodServer, sec_cluster: state.ClusterView, viewer: str
+) -> None:
+    """90 MB declared (under the cap), a few bytes sent: the 403 comes back without the server waiting for the
+    rest; 300 MB declared (over it) is 413 at once, whoever sends it."""
+
+    def head(token: str, size: int) -> bytes:
+        return (
+            "POST /api/v1/namespaces/default/clusters/sec/working-dirs HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+            f"Content-Length: {size}\r\n\r\n--b\r\n"
+        ).encode()
+
+    started = time.monotonic()
+    assert raw(raypod_server, head(viewer, 90 * 2**20), wait_s=10)[:1] == [403]
+    assert raw(raypod_server, head(raypod_server.admin_token, 300 * 2**20), wait_s=10)[:1] == [413]
+    assert time.monotonic() - started < 15
+
+
+def test_a_followed_job_log_survives_a_busy_host(
+    raypod_server: RaypodServer, sec_cluster: state.ClusterView, tmp_path: Path
+) -> None:
+    """Both cores saturated for 90 s while `ray job submit` follows the log through the gateway's websocket."""
+    (tmp_path / "busy.py").write_text(
+        "import multiprocessing, time\n"
+        "def spin(seconds):\n"
+        "    end = time.time() + seconds\n"
+        "    while time.time() < end:\n"
+        "        pass\n"
+        "if __name__ == '__main__':\n"
+        "    workers = [multiprocessing.Process(target=spin, args=(90,)) for _ in range(2)]\n"
+        "    [w.start() for w in workers]\n"
+        "    for tick in range(9):\n"
+        "        print('tick', tick, flush=True)\n"
+        "        time.sleep(10)\n"
+        "    [w.join() for w in workers]\n"
+        "    print('the-final-line', flush=True)\n"
+    )
+    result = ray_cli(
+        raypod_server,
+        "job",
+        "submit",
+        "--address",
+        "raypod://sec",
+        "--working-dir",
+        str(tmp_path),
+        "--",
+        "python",
+        "busy.py",
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "the-final-line" in result.stdout
+    assert "1006" not in result.stdout + result.stderr
