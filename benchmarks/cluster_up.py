@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import socket
 import statistics
@@ -36,16 +37,19 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def alive_nodes(gcs: str) -> int:
-    from ray._raylet import GcsClient
+def alive_nodes(gcs: str, token: str) -> int:
+    """Alive nodes in a cluster's GCS table, asked with that cluster's Ray token."""
+    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+    from ray._raylet import AuthenticationTokenLoader, GcsClient
 
+    AuthenticationTokenLoader.instance().reset_cache()
     try:
         return sum(1 for info in GcsClient(address=gcs).get_all_node_info(timeout=2).values() if info.state == 0)
     except Exception:
         return 0
 
 
-def time_raypod(env: dict[str, str], name: str) -> float:
+def time_raypod(env: dict[str, str], home: Path, name: str) -> float:
     start = time.perf_counter()
     subprocess.run(
         [str(BIN / "raypod"), "cluster", "create", name, "--workers", "2", "-o", "json"],
@@ -63,7 +67,9 @@ def time_raypod(env: dict[str, str], name: str) -> float:
             text=True,
         ).stdout
     )
-    assert alive_nodes(view["status"]["endpoints"]["gcs"]) == 3, "raypod reported Ready without 3 ALIVE nodes"
+    token = (home / "local" / view["uid"] / "ray-auth-token").read_text().strip()
+    alive = alive_nodes(view["status"]["endpoints"]["gcs"], token)
+    assert alive == 3, "raypod reported Ready without 3 ALIVE nodes"
     if elapsed > 30:  # show where the time went
         events = subprocess.run(
             [str(BIN / "raypod"), "cluster", "events", name], env=env, capture_output=True, text=True, check=False
@@ -112,7 +118,7 @@ def time_plain_ray_start() -> float:
             check=True,
             capture_output=True,
         )
-    while alive_nodes(f"127.0.0.1:{gcs}") < 3:
+    while alive_nodes(f"127.0.0.1:{gcs}", os.environ["RAY_AUTH_TOKEN"]) < 3:
         time.sleep(0.05)
     elapsed = time.perf_counter() - start
     subprocess.run([ray, "stop", "--force"], env=env, check=False, capture_output=True)
@@ -145,12 +151,12 @@ def main() -> None:
                     break
             except httpx.HTTPError:
                 time.sleep(0.2)
-        # Ray reads its token once per process: this one queries raypod's clusters and the plain ones alike.
-        token = (home / "local" / "ray-auth-token").read_text().strip()
-        os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+        # The plain clusters get token authentication too (a token of their own, inherited by `ray start`).
+        plain_token = secrets.token_hex(32)
+        os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": plain_token})
         raypod_times, plain_times = [], []
         for round_ in range(args.rounds):
-            raypod_times.append(time_raypod(env, f"bench-{round_}"))
+            raypod_times.append(time_raypod(env, home, f"bench-{round_}"))
             plain_times.append(time_plain_ray_start())
             print(
                 f"round {round_ + 1}: raypod {raypod_times[-1]:.2f} s, plain ray start {plain_times[-1]:.2f} s",

@@ -39,7 +39,7 @@ def main() -> None:
         server.cli("cluster", "create", "bench", "-o", "json")
         view = json.loads(server.cli("cluster", "get", "bench", "-o", "json"))
         credentials = json.loads((home / "credentials").read_text())
-        ray_token = (home / "local" / "ray-auth-token").read_text().strip()
+        ray_token = (home / "local" / view["uid"] / "ray-auth-token").read_text().strip()
         direct_base = view["status"]["endpoints"]["dashboard"]
         gateway_base = f"https://127.0.0.1:{port}/clusters/default/bench"
         direct = httpx.Client(headers={"Authorization": f"Bearer {ray_token}"}, timeout=30)

@@ -20,6 +20,7 @@ import httpx
 import psutil
 import pytest
 
+from raypod import state
 from raypod.backends import local
 from raypod.client import Client
 from tests.conftest import REPO
@@ -65,10 +66,9 @@ class RaypodServer:
     def ca_file(self) -> str:
         return str(self.home / "tls" / "ca.crt")
 
-    @property
-    def ray_token(self) -> str:
-        """The Ray token of the local clusters: tests that talk to Ray directly need it, users never do."""
-        return (self.home / "local" / "ray-auth-token").read_text().strip()
+    def ray_token(self, cluster_uid: str) -> str:
+        """A cluster's own Ray token: tests that talk to Ray directly need it, users never do."""
+        return (self.home / "local" / cluster_uid / "ray-auth-token").read_text().strip()
 
     def start(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -125,15 +125,22 @@ def cluster_processes(cluster_id: str | None = None) -> list[psutil.Process]:
     return found
 
 
-def driver_env(server: RaypodServer, address: str) -> dict[str, str]:
+def driver_env(server: RaypodServer, view: state.ClusterView) -> dict[str, str]:
+    """The environment of a Ray driver on this host connected to the cluster's GCS with its own token."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update({"RAY_ADDRESS": address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": server.ray_token})
+    env.update(
+        {
+            "RAY_ADDRESS": view.status.endpoints["gcs"],
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": server.ray_token(view.uid),
+        }
+    )
     return env
 
 
-def run_driver(server: RaypodServer, address: str, code: str, timeout: float = 120) -> str:
+def run_driver(server: RaypodServer, view: state.ClusterView, code: str, timeout: float = 120) -> str:
     """Run a Ray driver in a fresh interpreter against a cluster and return its stdout."""
-    env = driver_env(server, address)
+    env = driver_env(server, view)
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout, check=False
     )

@@ -146,7 +146,7 @@ def test_ray_itself_refuses_requests_without_the_cluster_token(
 ) -> None:
     dashboard = gateway_cluster.status.endpoints["dashboard"]
     assert httpx.get(f"{dashboard}/api/jobs/").status_code == 401
-    headers = {"Authorization": f"Bearer {raypod_server.ray_token}"}
+    headers = {"Authorization": f"Bearer {raypod_server.ray_token(gateway_cluster.uid)}"}
     assert httpx.get(f"{dashboard}/api/jobs/", headers=headers).status_code == 200
 
 
@@ -160,7 +160,11 @@ def test_gateway_needs_credentials(raypod_server: RaypodServer, gateway_cluster:
 
 
 def test_tokens_never_reach_the_logs(raypod_server: RaypodServer, gateway_cluster: state.ClusterView) -> None:
-    secrets = [raypod_server.admin_token, raypod_server.admin_token.split("_", 2)[2], raypod_server.ray_token]
+    secrets = [
+        raypod_server.admin_token,
+        raypod_server.admin_token.split("_", 2)[2],
+        raypod_server.ray_token(gateway_cluster.uid),
+    ]
     # The local backend's Ray temp dir is under tempfile.gettempdir() (TMPDIR), not necessarily /tmp.
     ray_logs = list(Path(tempfile.gettempdir()).glob(f"rp-{gateway_cluster.uid[:10]}/**/*.log"))
     assert len(ray_logs) >= 5, "the cluster's Ray logs were not found: nothing would be checked"
@@ -171,10 +175,11 @@ def test_tokens_never_reach_the_logs(raypod_server: RaypodServer, gateway_cluste
             assert secret not in text, f"a secret appears in {path}"
 
 
-def test_credentials_file_is_private(raypod_server: RaypodServer) -> None:
+def test_credentials_file_is_private(raypod_server: RaypodServer, gateway_cluster: state.ClusterView) -> None:
     assert (raypod_server.home / "credentials").stat().st_mode & 0o777 == 0o600
     assert (raypod_server.home / "tls" / "server.key").stat().st_mode & 0o777 == 0o600
-    assert (raypod_server.home / "local" / "ray-auth-token").stat().st_mode & 0o777 == 0o600
+    token = raypod_server.home / "local" / gateway_cluster.uid / "ray-auth-token"
+    assert token.stat().st_mode & 0o777 == 0o600
     with (
         httpx.Client(base_url=raypod_server.url, verify=False) as http,
         Client(raypod_server.url, token="rpt_x_y", http=http) as client,

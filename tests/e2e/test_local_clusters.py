@@ -74,10 +74,9 @@ def test_created_cluster_runs_real_ray_nodes_with_the_spec(
 ) -> None:
     assert [n.name for n in cluster.status.nodes] == ["head", "cpu-0"]
     assert cluster.spec.owner == "admin"
-    gcs = cluster.status.endpoints["gcs"]
     out = run_driver(
         raypod_server,
-        gcs,
+        cluster,
         """
 import json, os, ray
 ray.init()
@@ -122,7 +121,7 @@ ref = slow.options(scheduling_strategy=NodeAffinitySchedulingStrategy("{target}"
 print(ray.get(ref), flush=True)
 """,
         ],
-        env=driver_env(raypod_server, view.status.endpoints["gcs"]),
+        env=driver_env(raypod_server, view),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

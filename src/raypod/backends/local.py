@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 CLUSTER_MARKER = "RAYPOD_CLUSTER_ID"
 GCS_TIMEOUT_S = 2.0
+TOKEN_FILE = "ray-auth-token"
 NODE_MARKER = "RAYPOD_NODE_NAME"
 INCARNATION_LABEL = "raypod.io/incarnation"
 HEAD_OVERHEAD_BYTES = 1800 * 2**20
@@ -103,9 +105,10 @@ class LocalBackend:
             {base.Feature.DRAIN, base.Feature.GCS_FAULT_TOLERANCE} | ({base.Feature.GPUS} if gpus else set())
         )
         self._gpus = gpus
-        self._ray_token = _ray_auth_token(self.root)
-        # Ray reads its token from the environment once per process; this process talks to every cluster's GCS.
-        os.environ.update(ray_auth_environment(self._ray_token))
+        # Each cluster has its own Ray token. Ray's clients in this process read the token of the cluster they
+        # talk to from the environment at call time (after a cache reset), so every GCS call holds this lock.
+        self._token_lock = threading.RLock()
+        os.environ["RAY_AUTH_MODE"] = "token"  # read once, when Ray's core library loads
 
     def capacity(self) -> base.HostCapacity:
         return base.HostCapacity(
@@ -151,8 +154,9 @@ class LocalBackend:
             self._note_gcs(cluster_id, None)
             return _GcsTable({})
         try:
-            client = self._gcs_client(cluster_id, cluster.gcs_port)
-            table = client.get_all_node_info(timeout=GCS_TIMEOUT_S)
+            with self._as_cluster(cluster_id):
+                client = self._gcs_client(cluster_id, cluster.gcs_port)
+                table = client.get_all_node_info(timeout=GCS_TIMEOUT_S)
         except Exception as exc:
             self._gcs_clients.pop(cluster_id, None)
             error = f"the GCS at 127.0.0.1:{cluster.gcs_port} did not answer ({type(exc).__name__}: {exc})"[:300]
@@ -241,14 +245,15 @@ class LocalBackend:
         from ray.core.generated import autoscaler_pb2
 
         try:
-            accepted, rejection = self._gcs_client(cluster_id, cluster.gcs_port).drain_node(
-                ray_node_id,
-                autoscaler_pb2.DrainNodeReason.Value(  # type: ignore[attr-defined]
-                    "DRAIN_NODE_REASON_PREEMPTION"
-                ),
-                reason,
-                int(deadline * 1000),
-            )
+            with self._as_cluster(cluster_id):
+                accepted, rejection = self._gcs_client(cluster_id, cluster.gcs_port).drain_node(
+                    ray_node_id,
+                    autoscaler_pb2.DrainNodeReason.Value(  # type: ignore[attr-defined]
+                        "DRAIN_NODE_REASON_PREEMPTION"
+                    ),
+                    reason,
+                    int(deadline * 1000),
+                )
         except Exception as exc:
             self._gcs_clients.pop(cluster_id, None)
             raise errors.TransientError(f"cannot drain node {name}: {exc}") from exc
@@ -276,7 +281,28 @@ class LocalBackend:
         shutil.rmtree(self._cluster_dir(cluster_id), ignore_errors=True)
 
     def dashboard_headers(self, cluster_id: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._ray_token}"}
+        return {"Authorization": f"Bearer {self.ray_token(cluster_id)}"}
+
+    def ray_token(self, cluster_id: str) -> str:
+        """The cluster's own Ray token (0600 beside its records); a new cluster, or a recreated one, gets a new
+        one. Clusters made before per-cluster tokens keep the installation's old shared token."""
+        try:
+            return (self._cluster_dir(cluster_id) / TOKEN_FILE).read_text().strip()
+        except FileNotFoundError:
+            legacy = self.root / TOKEN_FILE
+            if legacy.exists() and (self._cluster_dir(cluster_id) / "cluster.json").exists():
+                return legacy.read_text().strip()
+        return ""  # no such cluster (yet): nothing to authenticate to
+
+    @contextlib.contextmanager
+    def _as_cluster(self, cluster_id: str) -> Iterator[None]:
+        """Make this process' Ray clients present ``cluster_id``'s token while the block runs."""
+        from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]
+
+        with self._token_lock:
+            os.environ.update(ray_auth_environment(self.ray_token(cluster_id)))
+            AuthenticationTokenLoader.instance().reset_cache()
+            yield
 
     def job_api(self, cluster_id: str, dashboard_url: str) -> ray_jobs.RayJobApi:
         return ray_jobs.RayJobApi(dashboard_url, self.dashboard_headers(cluster_id), self._http)
@@ -333,7 +359,7 @@ class LocalBackend:
         interpreter_bin = str(Path(sys.executable).parent)
         env["PATH"] = os.pathsep.join([interpreter_bin, *(p for p in env.get("PATH", "").split(os.pathsep) if p)])
         env.update(node.env)
-        env.update(ray_auth_environment(self._ray_token))
+        env.update(ray_auth_environment(self.ray_token(cluster_id)))
         if self.fast_health_checks and node.is_head:
             env.update(FAST_HEALTH_CHECKS)
         if node.is_head:
@@ -363,6 +389,8 @@ class LocalBackend:
         record = _ClusterRecord(gcs_port=gcs, dashboard_port=dashboard, client_port=client, temp_dir=temp_dir)
         directory = self._cluster_dir(cluster_id)
         (directory / "nodes").mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            _new_token(directory / TOKEN_FILE)
         _write_json(directory / "cluster.json", asdict(record))
         return record
 
@@ -402,22 +430,14 @@ def ray_auth_environment(token: str) -> dict[str, str]:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
 
 
-def _ray_auth_token(root: Path) -> str:
-    """The Ray token of this raypod installation, made once and kept 0600 beside the node records.
-
-    One token for all local clusters: Ray's clients read the token per process, and this server observes every
-    cluster from one process. Clusters on one host run as one OS user, so per-cluster tokens would not isolate
-    them further; the gateway adds the token, users never handle it.
-    """
-    path = root / "ray-auth-token"
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        token = secrets.token_hex(32)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(token)
-        return token
+def _new_token(path: Path) -> str:
+    """A new Ray token, written 0600 from its first byte."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_hex(32)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(token)
+    return token
 
 
 @dataclass(frozen=True)
