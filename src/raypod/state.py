@@ -208,3 +208,10 @@ class TeamInfo(BaseModel):
 class NamespaceInfo(BaseModel):
     name: str
     team: str
+
+
+class ServerInfo(BaseModel):
+    version: str
+    backend: str
+    tenancy: str = Field(description="What separates namespaces on this backend, and what does not.")
+    isolated: bool

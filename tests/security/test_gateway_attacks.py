@@ -200,3 +200,54 @@ def test_a_followed_job_log_survives_a_busy_host(
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "the-final-line" in result.stdout
     assert "1006" not in result.stdout + result.stderr
+
+
+def test_a_job_holds_no_raypod_secret_and_cannot_reach_another_clusters_ray(
+    raypod_server: RaypodServer, sec_cluster: state.ClusterView, tmp_path: Path
+) -> None:
+    """Per-cluster Ray credentials: a job's environment has its own cluster's token only, and another cluster's
+    dashboard refuses it. (Reading files is not isolated on a single-tenant installation: see docs/security.md.)"""
+    with raypod_server.client() as api:
+        api.clusters.create({"name": "sec-other", "head": {"memory": "512Mi", "object_store_memory": "80Mi"}})
+        other = api.clusters.wait_ready("sec-other", timeout=180)
+        info = api.info()
+    try:
+        (tmp_path / "probe.py").write_text(
+            "import hashlib, os, sys, urllib.request, urllib.error\n"
+            "token = os.environ.get('RAY_AUTH_TOKEN', '')\n"
+            "print('token-sha', hashlib.sha256(token.encode()).hexdigest())\n"
+            "print('raypod-vars', sorted(k for k in os.environ if k.startswith('RAYPOD_') and k not in "
+            "('RAYPOD_CLUSTER_ID', 'RAYPOD_NODE_NAME')))\n"
+            "headers = {'Authorization': 'Bearer ' + token}\n"
+            "request = urllib.request.Request(sys.argv[1] + '/api/jobs/', headers=headers)\n"
+            "try:\n"
+            "    print('other-dashboard', urllib.request.urlopen(request, timeout=10).status)\n"
+            "except urllib.error.HTTPError as exc:\n"
+            "    print('other-dashboard', exc.code)\n"
+        )
+        result = ray_cli(
+            raypod_server,
+            "job",
+            "submit",
+            "--address",
+            "raypod://sec",
+            "--working-dir",
+            str(tmp_path),
+            "--",
+            "python",
+            "probe.py",
+            other.status.endpoints["dashboard"],
+        )
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        import hashlib
+
+        own = hashlib.sha256(raypod_server.ray_token(sec_cluster.uid).encode()).hexdigest()
+        theirs = hashlib.sha256(raypod_server.ray_token(other.uid).encode()).hexdigest()
+        assert f"token-sha {own}" in result.stdout and theirs not in result.stdout
+        assert "raypod-vars []" in result.stdout
+        refused = [line for line in result.stdout.splitlines() if line.startswith("other-dashboard")]
+        assert refused in (["other-dashboard 401"], ["other-dashboard 403"]), refused  # Ray: 403 for a wrong token
+        assert not info.isolated and "single-tenant" in info.tenancy
+    finally:
+        with raypod_server.client() as api:
+            api.clusters.delete("sec-other")

@@ -33,8 +33,17 @@ class HostCapacity:
     worker_overhead_bytes: int = 0
 
 
+@dataclass(frozen=True)
+class Tenancy:
+    """What separates the clusters of different namespaces on this backend, in words a user can act on."""
+
+    isolated: bool
+    summary: str
+
+
 class Backend(Protocol):
     features: frozenset[Feature]
+    tenancy: Tenancy
 
     def capacity(self) -> HostCapacity: ...
 

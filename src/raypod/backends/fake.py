@@ -24,6 +24,7 @@ class FakeBackend:
         features: frozenset[base.Feature] = frozenset({base.Feature.DRAIN}),
     ) -> None:
         self.features = features
+        self.tenancy = base.Tenancy(isolated=False, summary="in-memory backend for tests: nothing runs")
         self._capacity = capacity or base.HostCapacity(
             cpus_per_node=8, memory_bytes=64 * 2**30, shared_memory_bytes=32 * 2**30, gpus_per_node=0
         )

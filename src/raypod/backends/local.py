@@ -109,6 +109,16 @@ class LocalBackend:
         # talk to from the environment at call time (after a cache reset), so every GCS call holds this lock.
         self._token_lock = threading.RLock()
         os.environ["RAY_AUTH_MODE"] = "token"  # read once, when Ray's core library loads
+        self.tenancy = base.Tenancy(
+            isolated=False,
+            summary=(
+                f"single-tenant: every cluster's nodes and jobs run as this server's OS user "
+                f"({_os_user()}), so a job can read what that user can, $RAYPOD_HOME included. Each cluster "
+                "has its own Ray token (a job cannot reach another cluster's dashboard or GCS) and no raypod "
+                "secret is in a node's environment. For untrusted users, run one installation per tenant or "
+                "the Kubernetes backend (docs/security.md)."
+            ),
+        )
 
     def capacity(self) -> base.HostCapacity:
         return base.HostCapacity(
@@ -555,3 +565,12 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data))
     tmp.replace(path)
+
+
+def _os_user() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())

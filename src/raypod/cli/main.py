@@ -123,6 +123,12 @@ def _print_next_steps(url: str, view: state.ClusterView | None) -> None:
         out.print(f"cluster [bold]{view.spec.name}[/bold]: {view.status.message}")
         out.print(f"  Ray dashboard  {url}/clusters/{view.spec.namespace}/{view.spec.name}/  (log in at {url}/login)")
     out.print(f"  credentials    {config.credentials_path()} (mode 0600)")
+    try:
+        info = Client(url).info()
+    except errors.RaypodError:
+        info = None
+    if info is not None and not info.isolated:
+        out.print(f"  tenancy        {info.tenancy}", soft_wrap=True)
     out.print("\nNext steps:")
     if view is not None:
         out.print(

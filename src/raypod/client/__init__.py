@@ -296,6 +296,10 @@ class Client:
         result: dict[str, Any] = self._transport.request("GET", "/healthz")
         return result
 
+    def info(self) -> state.ServerInfo:
+        """Version, backend and tenancy of the server (what isolates namespaces, and what does not)."""
+        return state.ServerInfo.model_validate(self._transport.request("GET", "/api/v1/info"))
+
     def is_healthy(self) -> bool:
         try:
             self.health()

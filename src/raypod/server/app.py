@@ -29,6 +29,8 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         config.secure_home(settings.home)
         db = store.Store(settings.resolved_database_url)
         chosen = backend or backends.create_backend(settings)
+        if not chosen.tenancy.isolated:
+            log.warning("tenancy: %s", chosen.tenancy.summary)
         reconciler = loop.Reconciler(
             db,
             chosen,

@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Form, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+import raypod
 from raypod import errors, state
 from raypod.controlplane import identity
 from raypod.server.auth import CSRF_HEADER, SESSION_COOKIE, Caller, check_same_origin, identities
@@ -60,6 +61,18 @@ def _require_admin(caller: identity.Principal, what: str) -> None:
 @router.get("/whoami")
 def whoami(caller: Caller, ids: Identities) -> state.UserInfo:
     return ids.user(caller.user)
+
+
+@router.get("/info")
+def server_info(caller: Caller, request: Request) -> state.ServerInfo:
+    """The server's version, backend and what isolates one namespace's jobs from another's."""
+    backend = request.app.state.clusters.backend
+    return state.ServerInfo(
+        version=raypod.__version__,
+        backend=type(backend).__name__,
+        tenancy=backend.tenancy.summary,
+        isolated=backend.tenancy.isolated,
+    )
 
 
 @router.get("/users")
