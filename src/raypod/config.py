@@ -69,6 +69,13 @@ def _float_env(name: str, default: float) -> float:
         raise errors.InvalidSpec(f"environment variable {name}={raw!r} is not a number") from None
 
 
+def _choice_env(name: str, choices: tuple[str, ...], default: str) -> str:
+    raw = os.environ.get(name) or default
+    if raw not in choices:
+        raise errors.InvalidSpec(f"environment variable {name}={raw!r} must be one of: {', '.join(choices)}")
+    return raw
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the server needs; every field has an environment variable (see docs/configuration.md)."""
@@ -93,6 +100,8 @@ class Settings:
     ws_ping_interval_s: float = 30.0
     max_json_body_bytes: int = 2**20
     max_upload_bytes: int = 100 * 2**20
+    # Local backend: "auto" runs nodes in their own mount and PID namespaces when the host allows it; "off" never.
+    isolation: str = "auto"
     fast_health_checks: bool = True
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -116,6 +125,7 @@ class Settings:
             "ws_ping_interval_s": _float_env("RAYPOD_WS_PING_INTERVAL_S", 30.0),
             "max_json_body_bytes": int(_float_env("RAYPOD_MAX_JSON_BODY_BYTES", 2**20)),
             "max_upload_bytes": int(_float_env("RAYPOD_MAX_UPLOAD_BYTES", 100 * 2**20)),
+            "isolation": _choice_env("RAYPOD_ISOLATION", ("auto", "off"), "auto"),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

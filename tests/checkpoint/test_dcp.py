@@ -14,8 +14,8 @@ import torch.distributed.checkpoint as dcp
 
 from raypod.checkpoint import CorruptCheckpoint
 from raypod.checkpoint.dcp import MARKER, TieredReader, TieredWriter
+from raypod.testing import free_port
 from tests.checkpoint.conftest import S3
-from tests.e2e.conftest import free_port
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -244,7 +244,7 @@ def test_a_second_cluster_coexists_and_deleting_clusters_leaves_nothing_behind(
 
 
 def test_up_and_down_run_the_daemon_with_a_default_cluster(tmp_path: object) -> None:
-    from tests.e2e.conftest import free_port
+    from raypod.testing import free_port
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAYPOD_", "RAY_"))}

@@ -18,7 +18,8 @@ import pytest
 
 from raypod import errors
 from raypod.capabilities.observability import dashboards, prometheus
-from tests.e2e.conftest import BROWSER_ARTIFACTS, BROWSER_MISSING, CHROMIUM, RaypodServer, free_port, log_in
+from raypod.testing import free_port
+from tests.e2e.conftest import BROWSER_ARTIFACTS, BROWSER_MISSING, CHROMIUM, RaypodServer, log_in
 from tests.e2e.test_gateway import run_cli
 
 PROMETHEUS = os.environ.get("RAYPOD_PROMETHEUS_BIN") or shutil.which("prometheus") or "/usr/bin/prometheus"

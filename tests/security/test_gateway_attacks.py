@@ -5,9 +5,12 @@ Also: an upload is refused before its body is read, and a job's log follow survi
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import socket
 import ssl
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,15 +205,28 @@ def test_a_followed_job_log_survives_a_busy_host(
     assert "1006" not in result.stdout + result.stderr
 
 
-def test_a_job_holds_no_raypod_secret_and_cannot_reach_another_clusters_ray(
+def test_a_job_cannot_read_raypods_secrets_or_another_clusters_files_or_reach_its_ray(
     raypod_server: RaypodServer, sec_cluster: state.ClusterView, tmp_path: Path
 ) -> None:
-    """Per-cluster Ray credentials: a job's environment has its own cluster's token only, and another cluster's
-    dashboard refuses it. (Reading files is not isolated on a single-tenant installation: see docs/security.md.)"""
+    """A job on one cluster tries to read the credentials file, the database, raypod's token files and another
+    cluster's session directory, and to call another cluster's dashboard with the token it holds: all denied.
+    Its environment holds its own cluster's Ray token only, and no raypod secret."""
     with raypod_server.client() as api:
         api.clusters.create({"name": "sec-other", "head": {"memory": "512Mi", "object_store_memory": "80Mi"}})
         other = api.clusters.wait_ready("sec-other", timeout=180)
         info = api.info()
+    if os.geteuid() != 0:
+        pytest.skip("file isolation of the local backend needs a server running as root (docs/security.md)")
+    assert info.isolated, f"this host should isolate nodes (root, util-linux): {info.tenancy}"
+    other_dir = Path(tempfile.gettempdir()) / f"rp-{other.uid[:10]}"
+    assert other_dir.is_dir()
+    targets = [
+        raypod_server.home / "credentials",
+        raypod_server.home / "raypod.db",
+        raypod_server.home / "local" / other.uid / "ray-auth-token",
+        raypod_server.home / "local" / sec_cluster.uid / "ray-auth-token",
+        other_dir,
+    ]
     try:
         (tmp_path / "probe.py").write_text(
             "import hashlib, os, sys, urllib.request, urllib.error\n"
@@ -218,6 +234,12 @@ def test_a_job_holds_no_raypod_secret_and_cannot_reach_another_clusters_ray(
             "print('token-sha', hashlib.sha256(token.encode()).hexdigest())\n"
             "print('raypod-vars', sorted(k for k in os.environ if k.startswith('RAYPOD_') and k not in "
             "('RAYPOD_CLUSTER_ID', 'RAYPOD_NODE_NAME')))\n"
+            "for path in sys.argv[2:]:\n"
+            "    try:\n"
+            "        found = os.listdir(path) if os.path.isdir(path) else open(path, 'rb').read(16)\n"
+            "        print('read', path, 'ALLOWED', found)\n"
+            "    except OSError as exc:\n"
+            "        print('read', path, 'denied', type(exc).__name__)\n"
             "headers = {'Authorization': 'Bearer ' + token}\n"
             "request = urllib.request.Request(sys.argv[1] + '/api/jobs/', headers=headers)\n"
             "try:\n"
@@ -237,17 +259,17 @@ def test_a_job_holds_no_raypod_secret_and_cannot_reach_another_clusters_ray(
             "python",
             "probe.py",
             other.status.endpoints["dashboard"],
+            *map(str, targets),
         )
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-        import hashlib
-
         own = hashlib.sha256(raypod_server.ray_token(sec_cluster.uid).encode()).hexdigest()
         theirs = hashlib.sha256(raypod_server.ray_token(other.uid).encode()).hexdigest()
         assert f"token-sha {own}" in result.stdout and theirs not in result.stdout
         assert "raypod-vars []" in result.stdout
+        reads = [line for line in result.stdout.splitlines() if line.startswith("read ")]
+        assert len(reads) == len(targets) and all(" denied " in line for line in reads), reads
         refused = [line for line in result.stdout.splitlines() if line.startswith("other-dashboard")]
         assert refused in (["other-dashboard 401"], ["other-dashboard 403"]), refused  # Ray: 403 for a wrong token
-        assert not info.isolated and "single-tenant" in info.tenancy
     finally:
         with raypod_server.client() as api:
             api.clusters.delete("sec-other")

@@ -11,7 +11,7 @@ from raypod.backends import base
 def _local(settings: config.Settings) -> base.Backend:
     from raypod.backends.local import LocalBackend
 
-    return LocalBackend(settings.home, fast_health_checks=settings.fast_health_checks)
+    return LocalBackend(settings.home, fast_health_checks=settings.fast_health_checks, isolation=settings.isolation)
 
 
 def _fake(settings: config.Settings) -> base.Backend:

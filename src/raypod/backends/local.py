@@ -38,6 +38,21 @@ log = logging.getLogger(__name__)
 CLUSTER_MARKER = "RAYPOD_CLUSTER_ID"
 GCS_TIMEOUT_S = 2.0
 TOKEN_FILE = "ray-auth-token"
+# Run by /bin/sh as root inside a new mount namespace: $1 the cluster's temp dir, $2 the temp root, $3 raypod's
+# home, then the node's command. The cluster's dir is staged on a private /run, the temp root covered by an
+# empty tmpfs, the cluster's dir moved back in place, the home covered (when still visible), and every
+# capability dropped before the node starts, so nothing in it can mount, unmount or read past the mounts.
+SANDBOX_SCRIPT = """set -e
+mount -t tmpfs -o mode=0700 tmpfs /run
+mkdir /run/raypod-stage
+mount --bind "$1" /run/raypod-stage
+mount -t tmpfs -o mode=1777 tmpfs "$2"
+mkdir -p "$1"
+mount --move /run/raypod-stage "$1"
+if [ -d "$3" ]; then mount -t tmpfs -o ro,mode=0700 tmpfs "$3"; fi
+shift 3
+exec setpriv --bounding-set=-all --inh-caps=-all --ambient-caps=-all --no-new-privs -- "$@"
+"""
 NODE_MARKER = "RAYPOD_NODE_NAME"
 INCARNATION_LABEL = "raypod.io/incarnation"
 HEAD_OVERHEAD_BYTES = 1800 * 2**20
@@ -90,7 +105,7 @@ class _NodeRecord:
 class LocalBackend:
     """Runs Ray nodes as local process trees; several clusters coexist without port clashes."""
 
-    def __init__(self, home: Path, *, fast_health_checks: bool = True) -> None:
+    def __init__(self, home: Path, *, fast_health_checks: bool = True, isolation: str = "auto") -> None:
         self.home = home
         self.root = home / "local"
         self.root.mkdir(parents=True, exist_ok=True)
@@ -109,16 +124,27 @@ class LocalBackend:
         # talk to from the environment at call time (after a cache reset), so every GCS call holds this lock.
         self._token_lock = threading.RLock()
         os.environ["RAY_AUTH_MODE"] = "token"  # read once, when Ray's core library loads
-        self.tenancy = base.Tenancy(
-            isolated=False,
-            summary=(
-                f"single-tenant: every cluster's nodes and jobs run as this server's OS user "
-                f"({_os_user()}), so a job can read what that user can, $RAYPOD_HOME included. Each cluster "
-                "has its own Ray token (a job cannot reach another cluster's dashboard or GCS) and no raypod "
-                "secret is in a node's environment. For untrusted users, run one installation per tenant or "
-                "the Kubernetes backend (docs/security.md)."
-            ),
-        )
+        self.sandbox, reason = _sandbox_available() if isolation == "auto" else (False, "RAYPOD_ISOLATION=off")
+        if self.sandbox:
+            self.tenancy = base.Tenancy(
+                isolated=True,
+                summary=(
+                    "isolated: every node runs in its own mount and PID namespace without capabilities; a job "
+                    "sees its own cluster's processes and temporary files only, not $RAYPOD_HOME nor other "
+                    "clusters' files, and holds only its own cluster's Ray token"
+                ),
+            )
+        else:
+            self.tenancy = base.Tenancy(
+                isolated=False,
+                summary=(
+                    f"single-tenant ({reason}): every cluster's nodes and jobs run as this server's OS user "
+                    f"({_os_user()}) and see its files, $RAYPOD_HOME included. Each cluster has its own Ray token "
+                    "(a job cannot reach another cluster's dashboard or GCS) and no raypod secret is in a node's "
+                    "environment. For untrusted users, run as root (namespaces), one installation per tenant, "
+                    "or the Kubernetes backend (docs/security.md)."
+                ),
+            )
 
     def capacity(self) -> base.HostCapacity:
         return base.HostCapacity(
@@ -230,7 +256,7 @@ class LocalBackend:
             log = open(node_dir / f"{node.name}.log", "ab")  # noqa: SIM115 - handed to the child
             try:
                 child = subprocess.Popen(
-                    self._command(cluster, record, node),
+                    self._sandboxed(cluster, self._command(cluster, record, node)),
                     env=self._environment(cluster_id, node),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -323,6 +349,33 @@ class LocalBackend:
         self._http.close()
 
     # -- processes -----------------------------------------------------------------------------------------
+
+    def _sandboxed(self, cluster: _ClusterRecord, command: list[str]) -> list[str]:
+        """Run a node in its own mount and PID namespace, without capabilities, when the host allows it: the
+        node (and every job on it) sees a fresh temporary directory holding only its cluster's, an empty
+        $RAYPOD_HOME, and only its own processes; without capabilities it cannot undo the mounts."""
+        if not self.sandbox:
+            return command
+        Path(cluster.temp_dir).mkdir(parents=True, exist_ok=True)
+        return [
+            "unshare",
+            "--mount",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--propagation",
+            "private",
+            "--kill-child=SIGTERM",
+            "--",
+            "/bin/sh",
+            "-c",
+            SANDBOX_SCRIPT,
+            "raypod-sandbox",
+            cluster.temp_dir,
+            tempfile.gettempdir(),
+            str(self.home.resolve()),
+            *command,
+        ]
 
     def _command(self, cluster: _ClusterRecord, record: _NodeRecord, node: spec_mod.NodeSpec) -> list[str]:
         labels = {**node.labels, INCARNATION_LABEL: record.incarnation}
@@ -574,3 +627,32 @@ def _os_user() -> str:
         return pwd.getpwuid(os.getuid()).pw_name
     except KeyError:
         return str(os.getuid())
+
+
+def _sandbox_available() -> tuple[bool, str]:
+    """Whether nodes can run in their own mount and PID namespaces here (root, util-linux, namespaces allowed)."""
+    if os.geteuid() != 0:
+        return False, "the server does not run as root"
+    if not (shutil.which("unshare") and shutil.which("setpriv") and Path("/run").is_dir()):
+        return False, "util-linux's unshare and setpriv are not installed"
+    probe = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--propagation",
+            "private",
+            "--",
+            "/bin/sh",
+            "-c",
+            "mount -t tmpfs tmpfs /run && setpriv --bounding-set=-all -- true",
+        ],
+        capture_output=True,
+        timeout=10,
+        check=False,
+    )
+    if probe.returncode != 0:
+        return False, f"this host does not allow mount and PID namespaces ({probe.stderr.decode()[:120].strip()})"
+    return True, ""
