@@ -127,7 +127,7 @@ def _print_next_steps(url: str, view: state.ClusterView | None) -> None:
         info = Client(url).info()
     except errors.RaypodError:
         info = None
-    if info is not None and not info.isolated:
+    if info is not None:
         out.print(f"  tenancy        {info.tenancy}", soft_wrap=True)
     out.print("\nNext steps:")
     if view is not None:
