@@ -42,6 +42,7 @@ TOKEN_FILE = "ray-auth-token"
 # home, then the node's command. The cluster's dir is staged on a private /run, the temp root covered by an
 # empty tmpfs, the cluster's dir moved back in place, the home covered (when still visible), and every
 # capability dropped before the node starts, so nothing in it can mount, unmount or read past the mounts.
+UNSHARE = ("unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private")
 SANDBOX_SCRIPT = """set -e
 mount -t tmpfs -o mode=0700 tmpfs /run
 mkdir /run/raypod-stage
@@ -358,13 +359,7 @@ class LocalBackend:
             return command
         Path(cluster.temp_dir).mkdir(parents=True, exist_ok=True)
         return [
-            "unshare",
-            "--mount",
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            "--propagation",
-            "private",
+            *UNSHARE,
             "--kill-child=SIGTERM",
             "--",
             "/bin/sh",
@@ -637,13 +632,7 @@ def _sandbox_available() -> tuple[bool, str]:
         return False, "util-linux's unshare and setpriv are not installed"
     probe = subprocess.run(
         [
-            "unshare",
-            "--mount",
-            "--pid",
-            "--fork",
-            "--mount-proc",
-            "--propagation",
-            "private",
+            *UNSHARE,
             "--",
             "/bin/sh",
             "-c",
