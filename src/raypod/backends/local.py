@@ -38,22 +38,7 @@ log = logging.getLogger(__name__)
 CLUSTER_MARKER = "RAYPOD_CLUSTER_ID"
 GCS_TIMEOUT_S = 2.0
 TOKEN_FILE = "ray-auth-token"
-# Run by /bin/sh as root inside a new mount namespace: $1 the cluster's temp dir, $2 the temp root, $3 raypod's
-# home, then the node's command. The cluster's dir is staged on a private /run, the temp root covered by an
-# empty tmpfs, the cluster's dir moved back in place, the home covered (when still visible), and every
-# capability dropped before the node starts, so nothing in it can mount, unmount or read past the mounts.
 UNSHARE = ("unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private")
-SANDBOX_SCRIPT = """set -e
-mount -t tmpfs -o mode=0700 tmpfs /run
-mkdir /run/raypod-stage
-mount --bind "$1" /run/raypod-stage
-mount -t tmpfs -o mode=1777 tmpfs "$2"
-mkdir -p "$1"
-mount --move /run/raypod-stage "$1"
-if [ -d "$3" ]; then mount -t tmpfs -o ro,mode=0700 tmpfs "$3"; fi
-shift 3
-exec setpriv --bounding-set=-all --inh-caps=-all --ambient-caps=-all --no-new-privs -- "$@"
-"""
 NODE_MARKER = "RAYPOD_NODE_NAME"
 INCARNATION_LABEL = "raypod.io/incarnation"
 HEAD_OVERHEAD_BYTES = 1800 * 2**20
@@ -358,17 +343,22 @@ class LocalBackend:
         if not self.sandbox:
             return command
         Path(cluster.temp_dir).mkdir(parents=True, exist_ok=True)
+        temp_root = os.path.realpath(tempfile.gettempdir())
+        keep = _installation_dirs_under(temp_root)
         return [
             *UNSHARE,
             "--kill-child=SIGTERM",
             "--",
-            "/bin/sh",
-            "-c",
-            SANDBOX_SCRIPT,
-            "raypod-sandbox",
+            sys.executable,
+            "-I",
+            "-S",
+            str(Path(__file__).with_name("sandbox.py")),
             cluster.temp_dir,
-            tempfile.gettempdir(),
+            temp_root,
             str(self.home.resolve()),
+            str(len(keep)),
+            *keep,
+            "--",
             *command,
         ]
 
@@ -622,6 +612,19 @@ def _os_user() -> str:
         return pwd.getpwuid(os.getuid()).pw_name
     except KeyError:
         return str(os.getuid())
+
+
+def _installation_dirs_under(root: str) -> list[str]:
+    """The directories of this Python installation and of raypod that lie under ``root`` (a checkout and its
+    virtual environment in /tmp, say): a sandboxed node must still see the interpreter it runs on."""
+    import raypod
+
+    found = {
+        os.path.realpath(path)
+        for path in (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable), Path(raypod.__file__).parents[1])
+    }
+    inside = sorted(path for path in found if path.startswith(root.rstrip("/") + "/"))
+    return [path for path in inside if not any(path.startswith(other + "/") for other in inside if other != path)]
 
 
 def _sandbox_available() -> tuple[bool, str]:
