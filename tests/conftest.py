@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import secrets
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,6 +13,17 @@ import pytest
 
 if TYPE_CHECKING:
     from tests.e2e.conftest import RaypodServer
+
+# Ray reads RAY_AUTH_MODE once, when its core library is first imported in a process. The local backend's
+# in-process GCS clients (the contract tests run it here) need token mode, and collection may import Ray first
+# (the checkpoint tests do): so the whole test process runs with Ray's token authentication, as raypod's
+# clusters do. Ray instances the tests start themselves (ray.cluster_utils) read a token made here, not ~/.ray.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+if "RAY_AUTH_TOKEN_PATH" not in os.environ:
+    _token_path = os.path.join(tempfile.mkdtemp(prefix="raypod-tests-"), "ray-token")
+    with os.fdopen(os.open(_token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as _handle:
+        _handle.write(secrets.token_hex(32))
+    os.environ["RAY_AUTH_TOKEN_PATH"] = _token_path
 
 REPO = Path(__file__).resolve().parents[1]
 KUBERAY_CRDS = REPO / "src" / "raypod" / "backends" / "kuberay" / "crds"

@@ -82,6 +82,9 @@ def _local_harness(home: Path) -> Iterator[Harness]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        from ray._raylet import AuthenticationTokenLoader  # type: ignore[attr-defined]
+
+        AuthenticationTokenLoader.instance().reset_cache()  # later Ray users in this process read their own token
 
 
 def _cluster_processes(cluster_id: str) -> list[psutil.Process]:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -195,11 +196,12 @@ def raypod_cli(server: RaypodServer, *args: str, cwd: Path | None = None) -> sub
 def test_raypod_job_retries_a_failed_job_and_keeps_its_attempts(
     raypod_server: RaypodServer, gateway_cluster: state.ClusterView, tmp_path: Path
 ) -> None:
-    counter = tmp_path / "counter"
+    # The node's own /tmp: attempts on the head share it (a sandboxed node does not see the host's /tmp).
+    counter = f"/tmp/raypod-flaky-{uuid.uuid4().hex}"
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "flaky.py").write_text(
         "import os, sys\n"
-        f"path = {str(counter)!r}\n"
+        f"path = {counter!r}\n"
         "n = int(open(path).read()) + 1 if os.path.exists(path) else 1\n"
         "open(path, 'w').write(str(n))\n"
         "print('attempt', n, flush=True)\n"

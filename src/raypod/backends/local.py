@@ -110,6 +110,7 @@ class LocalBackend:
         # talk to from the environment at call time (after a cache reset), so every GCS call holds this lock.
         self._token_lock = threading.RLock()
         os.environ["RAY_AUTH_MODE"] = "token"  # read once, when Ray's core library loads
+        _require_token_mode()
         self.sandbox, reason = _sandbox_available() if isolation == "auto" else (False, "RAYPOD_ISOLATION=off")
         if self.sandbox:
             self.tenancy = base.Tenancy(
@@ -648,3 +649,17 @@ def _sandbox_available() -> tuple[bool, str]:
     if probe.returncode != 0:
         return False, f"this host does not allow mount and PID namespaces ({probe.stderr.decode()[:120].strip()})"
     return True, ""
+
+
+def _require_token_mode() -> None:
+    """Raises PermanentError when Ray's core library was loaded in this process without token authentication:
+    then no GCS of a raypod cluster would answer this process (Ray reads the mode once, at import)."""
+    if "ray._raylet" not in sys.modules:
+        return
+    from ray._raylet import AuthenticationMode, get_authentication_mode  # type: ignore[attr-defined]
+
+    if get_authentication_mode() != AuthenticationMode.TOKEN:
+        raise errors.PermanentError(
+            "Ray was imported in this process before the local backend started, without RAY_AUTH_MODE=token: "
+            "create the backend (or set RAY_AUTH_MODE=token) before importing Ray"
+        )
