@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
+# The CPU build of torch (this machine's wheel) first, so Ray Train's TorchTrainer scripts run unchanged and
+# nothing asks for a CUDA one.
+.venv/bin/python -m pip install --quiet "torch==2.13.0"
 .venv/bin/python -m pip install --quiet -e .
 export PATH="$PWD/.venv/bin:$PATH"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -250,7 +250,6 @@ async def proxy(request: Request) -> Response:
     session: aiohttp.ClientSession = request.app.state.gateway_http
     headers = _upstream_headers(request, route, f"/clusters/{namespace}/{name}", length)
     url = f"{route.dashboard}/{path}" + (f"?{request.url.query}" if request.url.query else "")
-    release: list[Callable[[], object]] = []
     with limit.hold(principal.user, namespace, name):
         started = time.perf_counter()
         try:
@@ -280,12 +279,11 @@ async def proxy(request: Request) -> Response:
             finally:
                 upstream.release()
             return Response(body, status_code=upstream.status, headers=response_headers)
-        release.append(upstream.release)
     return StreamingResponse(
         _relay(upstream),
         status_code=upstream.status,
         headers=response_headers,
-        background=BackgroundTask(release[0]),
+        background=BackgroundTask(upstream.release),
     )
 
 
