@@ -28,6 +28,7 @@ class DeleteNode:
     name: str
     reason: str
     message: str
+    quarantine_s: float = 0.0  # a replaced node's slot (ports, session dir, host) is not reused for this long
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Annotated, Any
 
 import yaml
@@ -183,17 +184,81 @@ class WorkerGroupSpec(NodeGroupSpec):
 
 
 class GcsFaultToleranceSpec(_Strict):
-    """GCS fault tolerance through an external Redis, as KubeRay's ``gcsFaultToleranceOptions``."""
+    """GCS fault tolerance through Redis, as KubeRay's ``gcsFaultToleranceOptions``: a restarted head reloads the
+    cluster's state and workers rejoin it without restarting."""
 
-    redis_address: str = Field(description="host:port of the Redis that stores GCS state.")
+    redis_address: str | None = Field(
+        None,
+        description="host:port of the Redis that stores GCS state; without it raypod runs one for the cluster "
+        "(loopback only, password protected, persistent).",
+    )
     external_storage_namespace: str | None = None
 
     @field_validator("redis_address")
     @classmethod
-    def _address(cls, value: str) -> str:
-        if not re.match(r"^(redis(s)?://)?[A-Za-z0-9.\-]+:\d{1,5}$", value):
+    def _address(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^(redis(s)?://)?[A-Za-z0-9.\-]+:\d{1,5}$", value):
             raise ValueError(f"redis_address '{value}' must look like host:port")
         return value
+
+
+class NodeRecovery(StrEnum):
+    AUTOMATIC = "automatic"  # an unhealthy node is drained (if it answers), deleted and replaced
+    MANUAL = "manual"  # an unhealthy node is reported (event, metric, status); operators replace it
+
+
+MAX_HEALTH_CHECKS = 8
+MAX_HEALTH_CHECK_COMMAND = 4096
+
+
+class HealthCheckSpec(_Strict):
+    """A user command run on each node's host every ``period_s``: exit 0 is healthy; a non-zero exit or a
+    timeout is a failure, and ``failure_threshold`` failures in a row make the node unhealthy."""
+
+    name: str = Field(description="DNS-1123 label, unique in the spec.")
+    command: str = Field(min_length=1, max_length=MAX_HEALTH_CHECK_COMMAND, description="Run with /bin/sh -c.")
+    period_s: float = Field(30.0, ge=1, le=3600)
+    timeout_s: float = Field(10.0, gt=0, le=600)
+    failure_threshold: int = Field(3, ge=1, le=100)
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        _check_dns_label(value, "health check name", max_len=40)
+        return value
+
+    @model_validator(mode="after")
+    def _timeout_within_period(self) -> HealthCheckSpec:
+        if self.timeout_s > self.period_s:
+            raise ValueError(
+                f"health check '{self.name}': timeout_s {self.timeout_s:g} is longer than period_s {self.period_s:g}"
+            )
+        return self
+
+
+class RecoverySpec(_Strict):
+    """Thresholds of the node health model and limits of automatic recovery (docs/resilience.md)."""
+
+    probe_timeout_s: float = Field(1.0, gt=0, le=30, description="Timeout of the node agent's liveness probe.")
+    probe_failure_threshold: int = Field(
+        3, ge=1, le=100, description="Failed probes in a row (one per reconcile pass) that make a node unhealthy."
+    )
+    recovery_threshold: int = Field(
+        2, ge=1, le=100, description="Good answers in a row a failing signal needs before it counts as healthy."
+    )
+    min_free_disk: ByteSize = Field(
+        512 * 2**20, description="Free space below which the node's session/spill filesystem is a failure."
+    )
+    drain_timeout_s: float = Field(
+        10.0, ge=0, le=3600, description="How long an unhealthy node that still answers is drained first."
+    )
+    max_replacements: int = Field(
+        3, ge=1, le=1000, description="Replacements per group within window_s before the group is held."
+    )
+    window_s: float = Field(600.0, gt=0, le=7 * 86400)
+    quarantine_s: float = Field(
+        300.0, ge=0, le=86400, description="How long a replaced node's ports and session dir are not reused."
+    )
 
 
 class ClusterSpec(_Strict):
@@ -209,6 +274,9 @@ class ClusterSpec(_Strict):
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables of every node.")
     runtime_env: dict[str, Any] = Field(default_factory=dict, description="Default runtime_env of jobs.")
     gcs_fault_tolerance: GcsFaultToleranceSpec | None = None
+    node_recovery: NodeRecovery = Field(NodeRecovery.AUTOMATIC, description="What raypod does with unhealthy nodes.")
+    recovery: RecoverySpec = Field(default_factory=RecoverySpec)
+    health_checks: list[HealthCheckSpec] = Field(default_factory=list, max_length=MAX_HEALTH_CHECKS)
 
     @field_validator("name")
     @classmethod
@@ -250,7 +318,15 @@ class ClusterSpec(_Strict):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"worker group names must be unique, repeated: {', '.join(duplicates)}")
+        checks = [check.name for check in self.health_checks]
+        repeated = sorted({name for name in checks if checks.count(name) > 1})
+        if repeated:
+            raise ValueError(f"health check names must be unique, repeated: {', '.join(repeated)}")
         return self
+
+    def group_of(self, node: str) -> str:
+        """The group a node name belongs to (``head`` is the head group's)."""
+        return HEAD_GROUP if node == "head" else node.rsplit("-", 1)[0]
 
     def group(self, name: str) -> WorkerGroupSpec:
         """Return the worker group called ``name``.
@@ -281,13 +357,18 @@ class ClusterSpec(_Strict):
     def desired_nodes(self) -> list[NodeSpec]:
         """Return every node this spec asks for, head first, with deterministic names."""
         head_env = dict(self.env)
+        managed_redis = False
         if self.gcs_fault_tolerance is not None:
             # The variables KubeRay sets on the head for gcsFaultToleranceOptions.
-            head_env["RAY_REDIS_ADDRESS"] = self.gcs_fault_tolerance.redis_address
+            if self.gcs_fault_tolerance.redis_address is not None:
+                head_env["RAY_REDIS_ADDRESS"] = self.gcs_fault_tolerance.redis_address
+            else:
+                managed_redis = True  # the backend runs the Redis and sets the address
             head_env["RAY_external_storage_namespace"] = (
                 self.gcs_fault_tolerance.external_storage_namespace or f"{self.namespace}-{self.name}"
             )
-        nodes = [NodeSpec.from_group(HEAD_GROUP, "head", self.head, head_env, is_head=True)]
+        head = NodeSpec.from_group(HEAD_GROUP, "head", self.head, head_env, is_head=True)
+        nodes = [replace(head, managed_redis=True) if managed_redis else head]
         for group in self.worker_groups:
             nodes.extend(
                 NodeSpec.from_group(group.name, node_name(group.name, index), group, self.env, is_head=False)
@@ -318,6 +399,7 @@ class NodeSpec:
     resources: dict[str, float] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    managed_redis: bool = False  # a head whose GCS stores its state in a Redis the backend runs
 
     @classmethod
     def from_group(cls, group: str, name: str, spec: NodeGroupSpec, env: dict[str, str], *, is_head: bool) -> NodeSpec:

@@ -47,6 +47,10 @@ class ObservedNode:
     drain_deadline: float | None = None
     reason: str = ""
     metrics_endpoint: str | None = None  # host:port of the node's Prometheus exporter
+    incarnation: str = ""  # changes whenever the node is (re)created: health and requests belong to one
+    agent_endpoint: str | None = None  # host:port of the node's dashboard agent (HTTP)
+    session_dir: str | None = None  # where the node's logs and spilled objects live, when the backend can see it
+    rss_bytes: int | None = None  # the node's processes together, when the backend can see them
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,13 @@ class Condition(BaseModel):
     last_transition: datetime
 
 
+class NodeHealthState(StrEnum):
+    HEALTHY = "Healthy"
+    SUSPECT = "Suspect"
+    UNHEALTHY = "Unhealthy"
+    UNKNOWN = "Unknown"  # not assessed: starting, or not observable
+
+
 class NodeStatus(BaseModel):
     name: str
     group: str
@@ -82,6 +93,9 @@ class NodeStatus(BaseModel):
     ray_node_id: str | None = None
     reason: str = ""
     metrics_endpoint: str | None = None
+    health: NodeHealthState = NodeHealthState.UNKNOWN
+    health_reasons: list[str] = Field(default_factory=list)
+    cordoned: bool = Field(False, description="Held out of automatic recovery by an operator.")
 
 
 class ClusterStatus(BaseModel):

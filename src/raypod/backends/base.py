@@ -13,6 +13,7 @@ from typing import Protocol
 from raypod import spec as spec_mod
 from raypod import state
 from raypod.backends import ray_jobs
+from raypod.backends.commands import CommandResult
 
 
 class Feature(StrEnum):
@@ -53,7 +54,15 @@ class Backend(Protocol):
 
     def drain_node(self, cluster_id: str, name: str, ray_node_id: str, deadline: float, reason: str) -> None: ...
 
-    def delete_node(self, cluster_id: str, name: str) -> None: ...
+    def delete_node(self, cluster_id: str, name: str, *, quarantine_s: float = 0.0) -> None:
+        """Stop the node for good. ``quarantine_s`` > 0: it is being replaced, so its slot (ports, session
+        directory, host) must not be reused for that long."""
+        ...
+
+    def run_on_node(self, cluster_id: str, name: str, command: str, timeout_s: float) -> CommandResult:
+        """Run a shell command where the node runs, as the node would (its environment, its isolation), killed at
+        ``timeout_s``. Raises when it cannot run at all (no such node)."""
+        ...
 
     def release(self, cluster_id: str) -> None: ...
 

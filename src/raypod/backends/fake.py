@@ -15,6 +15,7 @@ import httpx
 from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.backends import base, ray_jobs
+from raypod.backends.commands import CommandResult, run_command
 
 
 class FakeBackend:
@@ -35,6 +36,8 @@ class FakeBackend:
         self.held_starting: set[str] = set()  # node names that stay Starting until removed from this set
         self.unreachable: set[str] = set()  # clusters whose GCS does not answer (see ``set_gcs_reachable``)
         self.ray_jobs: dict[str, dict[str, dict[str, Any]]] = {}
+        self.quarantined: list[tuple[str, str, float]] = []  # (cluster, node, seconds) of each replaced node
+        self._incarnations = 0
         self._job_http = httpx.Client(transport=httpx.MockTransport(self._answer_job_api))
 
     def capacity(self) -> base.HostCapacity:
@@ -76,12 +79,14 @@ class FakeBackend:
                 self.fail_next_create = None
                 raise errors.TransientError(f"injected failure creating {node.name}")
             self.calls.append(("create", cluster_id, node.name))
+            self._incarnations += 1
             self.nodes.setdefault(cluster_id, {})[node.name] = state.ObservedNode(
                 name=node.name,
                 group=node.group,
                 is_head=node.is_head,
                 phase=state.NodePhase.STARTING,
                 started_at=time.time(),
+                incarnation=f"i{self._incarnations}",
             )
 
     def drain_node(self, cluster_id: str, name: str, ray_node_id: str, deadline: float, reason: str) -> None:
@@ -91,10 +96,21 @@ class FakeBackend:
             if node:
                 self.nodes[cluster_id][name] = _replace(node, phase=state.NodePhase.DRAINING, drain_deadline=deadline)
 
-    def delete_node(self, cluster_id: str, name: str) -> None:
+    def delete_node(self, cluster_id: str, name: str, *, quarantine_s: float = 0.0) -> None:
         with self._lock:
             self.calls.append(("delete", cluster_id, name))
             self.nodes.get(cluster_id, {}).pop(name, None)
+            if quarantine_s:
+                self.quarantined.append((cluster_id, name, quarantine_s))
+
+    def run_on_node(self, cluster_id: str, name: str, command: str, timeout_s: float) -> CommandResult:
+        """Runs the command for real, on this host, with the node's name in ``RAYPOD_NODE``."""
+        with self._lock:
+            if name not in self.nodes.get(cluster_id, {}):
+                raise errors.NotFound(f"no node {name}")
+        return run_command(
+            ["/bin/sh", "-c", command], timeout_s=timeout_s, env={"RAYPOD_NODE": name, "PATH": "/usr/bin:/bin"}
+        )
 
     def set_gcs_reachable(self, cluster_id: str, reachable: bool) -> None:
         """Simulate a GCS that stops (or starts again) answering while every node process lives."""

@@ -8,7 +8,6 @@ running nodes without remembering anything, and deleting a node finds every proc
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -31,13 +30,16 @@ import psutil
 
 from raypod import config, errors, state
 from raypod import spec as spec_mod
-from raypod.backends import _ports, base, ray_jobs
+from raypod.backends import _ports, base, commands, ray_jobs
 
 log = logging.getLogger(__name__)
 
 CLUSTER_MARKER = "RAYPOD_CLUSTER_ID"
 GCS_TIMEOUT_S = 2.0
 TOKEN_FILE = "ray-auth-token"
+REDIS_PASSWORD_FILE = "redis-password"
+QUARANTINE_FILE = "quarantine.json"
+REDIS_NODE = "_redis"  # the marker of the Redis process: names that start with "_" are never nodes
 UNSHARE = ("unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private")
 NODE_MARKER = "RAYPOD_NODE_NAME"
 INCARNATION_LABEL = "raypod.io/incarnation"
@@ -68,6 +70,7 @@ class _ClusterRecord:
     dashboard_port: int
     client_port: int
     temp_dir: str
+    redis_port: int = 0  # of the Redis raypod runs for GCS fault tolerance, once there is one
 
 
 @dataclass
@@ -86,6 +89,7 @@ class _NodeRecord:
     pid: int = 0
     create_time: float = 0.0
     drain_deadline: float | None = None
+    temp_dir: str = ""  # the node's own session/spill root (a worker's; the head uses the cluster's)
 
 
 class LocalBackend:
@@ -152,9 +156,13 @@ class LocalBackend:
         processes = _processes_by_node(cluster_id)
         if cluster is None:
             return state.ObservedCluster(stray_nodes=frozenset(processes))
+        self._expire_quarantine(cluster_id)
         head = next((r for r in records.values() if r.is_head), None)
         table = self._ray_nodes(cluster_id, cluster) if head and _is_alive(head) else _GcsTable({})
-        nodes = {name: _observe_node(record, table) for name, record in records.items()}
+        nodes = {
+            name: _observe_node(record, table, cluster, _rss(processes.get(name, [])))
+            for name, record in records.items()
+        }
         return state.ObservedCluster(
             nodes=nodes,
             endpoints={
@@ -162,7 +170,7 @@ class LocalBackend:
                 "gcs": f"127.0.0.1:{cluster.gcs_port}",
                 "client": f"ray://127.0.0.1:{cluster.client_port}",
             },
-            stray_nodes=frozenset(name for name in processes if name not in records),
+            stray_nodes=frozenset(name for name in processes if name not in records and not name.startswith("_")),
             gcs_reachable=table.error is None,
             gcs_error=table.error or "",
         )
@@ -224,11 +232,20 @@ class LocalBackend:
     def create_node(self, cluster_id: str, node: spec_mod.NodeSpec) -> None:
         if node.gpus > self._gpus:
             raise errors.PermanentError(f"node {node.name} asks for {node.gpus} GPUs; this host has {self._gpus}")
+        needed = HEAD_OVERHEAD_BYTES if node.is_head else WORKER_OVERHEAD_BYTES
+        available = psutil.virtual_memory().available
+        if available < needed:
+            raise errors.TransientError(
+                f"not enough free memory to start node {node.name}: {available // 2**20} MiB available on this "
+                f"host, a {'head' if node.is_head else 'worker'} needs about {needed // 2**20} MiB"
+            )
         with self._lock:
             cluster = self._ensure_cluster(cluster_id)
             existing = self._read_nodes(cluster_id).get(node.name)
             if existing and _is_alive(existing):
                 return
+            if node.managed_redis:
+                cluster = self._ensure_redis(cluster_id, cluster)
             # Every port is pinned: left to Ray, nodes started at the same moment can pick the same free port.
             ports = _ports.allocate(len(NODE_PORTS), self._reserved_ports())
             record = _NodeRecord(
@@ -237,13 +254,18 @@ class LocalBackend:
                 is_head=node.is_head,
                 incarnation=uuid.uuid4().hex[:12],
                 started_at=time.time(),
-                **dict(zip(NODE_PORTS, ports, strict=True)),
+                **dict(zip(NODE_PORTS, ports, strict=True)),  # type: ignore[arg-type]
+            )
+            # Each worker has a session dir of its own, new with each incarnation: nodes that share one race
+            # for socket and log names, and a replacement must not inherit what a failed node left behind.
+            record.temp_dir = (
+                cluster.temp_dir if node.is_head else os.path.join(cluster.temp_dir, f"n{record.incarnation[:8]}")
             )
             node_dir = self._cluster_dir(cluster_id) / "nodes"
             log = open(node_dir / f"{node.name}.log", "ab")  # noqa: SIM115 - handed to the child
             try:
                 child = subprocess.Popen(
-                    self._sandboxed(cluster, self._command(cluster, record, node)),
+                    self._sandboxed(cluster, self._command(cluster_id, cluster, record, node)),
                     env=self._environment(cluster_id, node),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -285,15 +307,37 @@ class LocalBackend:
         record.drain_deadline = deadline
         self._write_node(cluster_id, record)
 
-    def delete_node(self, cluster_id: str, name: str) -> None:
+    def delete_node(self, cluster_id: str, name: str, *, quarantine_s: float = 0.0) -> None:
         record = self._read_nodes(cluster_id).get(name)
         if record is not None and _is_alive(record):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(record.pid, signal.SIGTERM)
         _stop_processes(lambda: _processes_by_node(cluster_id).get(name, []), STOP_GRACE_S)
         self._reap_children()
+        if record is not None and quarantine_s > 0:
+            self._quarantine(cluster_id, record, quarantine_s)
         with contextlib.suppress(FileNotFoundError):
             (self._cluster_dir(cluster_id) / "nodes" / f"{name}.json").unlink()
+
+    def run_on_node(self, cluster_id: str, name: str, command: str, timeout_s: float) -> commands.CommandResult:
+        """Run ``command`` with the node's own environment and, when nodes are sandboxed, inside the node's
+        namespaces without capabilities: a health check sees what the node sees and can do no more."""
+        record = self._read_nodes(cluster_id).get(name)
+        if record is None or not _is_alive(record):
+            raise errors.NotFound(f"node {name} is not running")
+        try:
+            node_process = psutil.Process(record.pid)
+            environment = node_process.environ()
+            inner = node_process.children()
+        except (psutil.NoSuchProcess, psutil.AccessDenied) as exc:
+            raise errors.NotFound(f"node {name} is not running") from exc
+        argv = ["/bin/sh", "-c", command]
+        if self.sandbox:
+            if not inner:
+                raise errors.TransientError(f"node {name} is still starting")
+            drop = ["--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs"]
+            argv = ["nsenter", f"--target={inner[0].pid}", "--mount", "--pid", "--", "setpriv", *drop, "--", *argv]
+        return commands.run_command(argv, timeout_s=timeout_s, env=environment, cwd="/")
 
     def release(self, cluster_id: str) -> None:
         _stop_processes(lambda: [p for ps in _processes_by_node(cluster_id).values() for p in ps], 0.0)
@@ -363,7 +407,9 @@ class LocalBackend:
             *command,
         ]
 
-    def _command(self, cluster: _ClusterRecord, record: _NodeRecord, node: spec_mod.NodeSpec) -> list[str]:
+    def _command(
+        self, cluster_id: str, cluster: _ClusterRecord, record: _NodeRecord, node: spec_mod.NodeSpec
+    ) -> list[str]:
         labels = {**node.labels, INCARNATION_LABEL: record.incarnation}
         command = [
             _ray_executable(),
@@ -394,11 +440,11 @@ class LocalBackend:
                 f"--ray-client-server-port={cluster.client_port}",
                 f"--temp-dir={cluster.temp_dir}",
             ]
+            if node.managed_redis:
+                command.append(f"--redis-password={self._redis_password(cluster_id)}")
         else:
-            # Each node gets its own session dir: nodes that share one race for the same socket and log names
-            # when they start at the same moment. Its log monitor then reads only its own node's logs.
-            node_temp = os.path.join(cluster.temp_dir, f"n{hashlib.sha1(node.name.encode()).hexdigest()[:6]}")
-            command += [f"--address=127.0.0.1:{cluster.gcs_port}", f"--temp-dir={node_temp}"]
+            # Its log monitor then reads only its own node's logs.
+            command += [f"--address=127.0.0.1:{cluster.gcs_port}", f"--temp-dir={record.temp_dir}"]
         return command
 
     def _environment(self, cluster_id: str, node: spec_mod.NodeSpec) -> dict[str, str]:
@@ -413,6 +459,10 @@ class LocalBackend:
             env.update(FAST_HEALTH_CHECKS)
         if node.is_head:
             env.update(config.MonitoringEndpoints.read(self.home).ray_dashboard_env())
+        if node.managed_redis:
+            cluster = self._read_cluster(cluster_id)
+            if cluster is not None and cluster.redis_port:
+                env["RAY_REDIS_ADDRESS"] = f"127.0.0.1:{cluster.redis_port}"
         env[CLUSTER_MARKER] = cluster_id
         env[NODE_MARKER] = node.name
         env["RAY_NODE_TYPE_NAME"] = node.group  # becomes Ray's ray.io/node-group label, as on KubeRay
@@ -422,6 +472,95 @@ class LocalBackend:
         for pid, child in list(self._children.items()):
             if child.poll() is not None:
                 del self._children[pid]
+
+    # -- GCS fault tolerance: the Redis raypod runs -----------------------------------------------------------
+
+    def _ensure_redis(self, cluster_id: str, cluster: _ClusterRecord) -> _ClusterRecord:
+        """Start the cluster's Redis unless it runs: loopback only, password protected, append-only persistence
+        in the cluster's directory, so a restarted Redis (or head) finds the GCS state again."""
+        if cluster.redis_port and _processes_by_node(cluster_id).get(REDIS_NODE):
+            return cluster
+        server = shutil.which("redis-server")
+        if server is None:
+            raise errors.PermanentError(
+                "GCS fault tolerance without a redis_address needs redis-server (apt-get install redis-server)"
+            )
+        if not cluster.redis_port:
+            (cluster.redis_port,) = _ports.allocate(1, self._reserved_ports())
+            _write_json(self._cluster_dir(cluster_id) / "cluster.json", asdict(cluster))
+        directory = self._cluster_dir(cluster_id) / "redis"
+        directory.mkdir(mode=0o700, exist_ok=True)
+        conf = directory / "redis.conf"
+        settings = [
+            "bind 127.0.0.1",
+            f"port {cluster.redis_port}",
+            "protected-mode yes",
+            f"requirepass {self._redis_password(cluster_id)}",
+            "appendonly yes",
+            "appendfsync everysec",
+            f'dir "{directory}"',
+            "daemonize no",
+        ]
+        descriptor = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write("\n".join(settings) + "\n")
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), CLUSTER_MARKER: cluster_id, NODE_MARKER: REDIS_NODE}
+        with open(directory / "redis.log", "ab") as log_file:
+            child = subprocess.Popen(
+                [server, str(conf)],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        self._children[child.pid] = child
+        deadline = time.monotonic() + 10
+        while not _ports.is_listening(cluster.redis_port):
+            if child.poll() is not None or time.monotonic() > deadline:
+                raise errors.TransientError(f"the cluster's Redis did not start (see {directory / 'redis.log'})")
+            time.sleep(0.05)
+        return cluster
+
+    def _redis_password(self, cluster_id: str) -> str:
+        path = self._cluster_dir(cluster_id) / REDIS_PASSWORD_FILE
+        try:
+            return _new_token(path)
+        except FileExistsError:
+            return path.read_text().strip()
+
+    # -- quarantine of replaced nodes' slots ---------------------------------------------------------------
+
+    def _quarantine(self, cluster_id: str, record: _NodeRecord, seconds: float) -> None:
+        path = self._cluster_dir(cluster_id) / QUARANTINE_FILE
+        entries = _read_json(path) or {"slots": []}
+        entries["slots"].append(
+            {
+                "node": record.name,
+                "ports": [getattr(record, key) for key in NODE_PORTS],
+                "temp_dir": record.temp_dir,
+                "until": time.time() + seconds,
+            }
+        )
+        _write_json(path, entries)
+
+    def _expire_quarantine(self, cluster_id: str) -> None:
+        """Free the slots whose cooling-off period passed; a worker's old session dir goes with it."""
+        path = self._cluster_dir(cluster_id) / QUARANTINE_FILE
+        entries = _read_json(path)
+        if not entries:
+            return
+        cluster = self._read_cluster(cluster_id)
+        now = time.time()
+        keep = [slot for slot in entries["slots"] if slot["until"] > now]
+        if len(keep) == len(entries["slots"]):
+            return
+        for slot in entries["slots"]:
+            own_dir = slot.get("temp_dir")
+            if slot["until"] <= now and own_dir and cluster is not None and own_dir != cluster.temp_dir:
+                shutil.rmtree(own_dir, ignore_errors=True)
+        _write_json(path, {"slots": keep})
 
     # -- records -------------------------------------------------------------------------------------------
 
@@ -467,6 +606,9 @@ class LocalBackend:
             cluster = _read_json(directory / "cluster.json")
             if cluster:
                 reserved |= {cluster["gcs_port"], cluster["dashboard_port"], cluster["client_port"]}
+                reserved |= {cluster.get("redis_port", 0)} - {0}
+            quarantined = _read_json(directory / QUARANTINE_FILE) or {"slots": []}
+            reserved |= {port for slot in quarantined["slots"] for port in slot["ports"]}
             for path in (directory / "nodes").glob("*.json"):
                 node = _read_json(path)
                 if node:
@@ -504,7 +646,17 @@ class _GcsTable:
     error: str | None = None
 
 
-def _observe_node(record: _NodeRecord, table: _GcsTable) -> state.ObservedNode:
+def _rss(processes: list[psutil.Process]) -> int | None:
+    total = 0
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            total += process.memory_info().rss
+    return total or None
+
+
+def _observe_node(
+    record: _NodeRecord, table: _GcsTable, cluster: _ClusterRecord, rss: int | None
+) -> state.ObservedNode:
     ray_node = table.nodes.get(record.incarnation)
     ray_node_id = ray_node.node_id if ray_node else None
     if not _is_alive(record):
@@ -530,6 +682,10 @@ def _observe_node(record: _NodeRecord, table: _GcsTable) -> state.ObservedNode:
         drain_deadline=record.drain_deadline,
         reason=reason,
         metrics_endpoint=ray_node.metrics_endpoint if ray_node and ray_node.alive else None,
+        incarnation=record.incarnation,
+        agent_endpoint=f"127.0.0.1:{record.agent_port}",
+        session_dir=record.temp_dir or cluster.temp_dir,
+        rss_bytes=rss,
     )
 
 

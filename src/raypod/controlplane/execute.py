@@ -11,7 +11,16 @@ from itertools import groupby
 from raypod import actions, errors, state
 from raypod.backends import base
 
-WARNING_REASONS = frozenset({"RemovedDeadNode", "NodeStartTimedOut", "RestartedWithHead", "CleanedUpStrayProcesses"})
+WARNING_REASONS = frozenset(
+    {
+        "RemovedDeadNode",
+        "NodeStartTimedOut",
+        "RestartedWithHead",
+        "CleanedUpStrayProcesses",
+        "RemovedUnhealthyNode",
+        "DrainingUnhealthyNode",
+    }
+)
 
 EventSink = Callable[[state.EventType, str, str, str | None], None]
 
@@ -59,8 +68,8 @@ def _apply(action: actions.Action, backend: base.Backend, cluster_id: str) -> Ou
                 backend.create_node(cluster_id, node)
             case actions.DrainNode(name=name, ray_node_id=ray_node_id, deadline=deadline, message=message):
                 backend.drain_node(cluster_id, name, ray_node_id, deadline, message)
-            case actions.DeleteNode(name=name):
-                backend.delete_node(cluster_id, name)
+            case actions.DeleteNode(name=name, quarantine_s=quarantine_s):
+                backend.delete_node(cluster_id, name, quarantine_s=quarantine_s)
             case actions.ReleaseCluster():
                 backend.release(cluster_id)
     except Exception as exc:  # one failed action must not stop the control plane

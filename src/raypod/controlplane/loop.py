@@ -5,9 +5,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import timedelta
 
 from raypod import actions, state
+from raypod import spec as spec_mod
 from raypod.backends import base
+from raypod.capabilities.nodehealth import model as health_model
+from raypod.capabilities.nodehealth.monitor import HealthMonitor, Transition
 from raypod.capabilities.observability import metrics
 from raypod.controlplane import execute, plan, status, store
 
@@ -28,9 +32,11 @@ class Reconciler:
         interval_s: float = 1.0,
         settings: plan.PlanSettings = plan.DEFAULT_SETTINGS,
         gcs_unreachable_timeout_s: float = status.DEFAULT_GCS_UNREACHABLE_TIMEOUT_S,
+        health: HealthMonitor | None = None,
     ) -> None:
         self.store = db
         self.backend = backend
+        self.health = health or HealthMonitor(backend)
         self.interval_s = interval_s
         self.settings = settings
         self.gcs_unreachable_timeout_s = gcs_unreachable_timeout_s
@@ -48,6 +54,7 @@ class Reconciler:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self.health.close()
 
     def wake(self) -> None:
         self._wake.set()
@@ -83,6 +90,10 @@ class Reconciler:
     def reconcile(self, view: state.ClusterView) -> bool:
         """One pass for one cluster; return whether it is settled."""
         observed = self.backend.observe(view.uid)
+        healths, transitions = self.health.assess(view, observed)
+        for transition in transitions:
+            self._record_health(view, transition)
+        recovery = self._recovery(view, observed, healths)
         planned = plan.plan(
             view.spec,
             observed,
@@ -90,6 +101,7 @@ class Reconciler:
             now=time.time(),
             features=self.backend.features,
             settings=self.settings,
+            recovery=recovery,
         )
 
         def record(kind: state.EventType, reason: str, message: str, node: str | None) -> None:
@@ -98,6 +110,7 @@ class Reconciler:
         outcomes = execute.execute(planned, self.backend, view.uid, record)
         if any(isinstance(o.action, actions.ReleaseCluster) and o.error is None for o in outcomes):
             self.store.remove(view.uid)
+            self.health.forget(view.uid)
             self._failures.pop(view.uid, None)
             return True
         if any(o.error is not None for o in outcomes):
@@ -115,11 +128,73 @@ class Reconciler:
             now=store.now(),
             replacing=frozenset(node for node, reason in latest.items() if reason in status.REPLACEMENT_REASONS),
             gcs_unreachable_timeout_s=self.gcs_unreachable_timeout_s,
+            health=healths,
+            cordoned=recovery.cordoned,
+            held_groups=recovery.held_groups,
         )
         self._record_transitions(view, view.status, derived)
         if derived != view.status:
             self.store.save_status(view.uid, derived)
         return not planned and derived.phase is state.ClusterPhase.READY
+
+    def _recovery(
+        self,
+        view: state.ClusterView,
+        observed: state.ObservedCluster,
+        healths: dict[str, health_model.NodeHealth],
+    ) -> plan.Recovery:
+        """The planner's inputs on node recovery: verdicts, operators' requests, and the flapping guard."""
+        replace: set[str] = set()
+        cordoned: set[str] = set()
+        for request in self.store.node_requests(view.uid):
+            node = observed.nodes.get(request.node)
+            if request.kind == store.CORDON:
+                cordoned.add(request.node)
+            elif node is None or node.phase is state.NodePhase.UNKNOWN:
+                if request.incarnation is not None and node is None:
+                    # The node was removed (replaced, or scaled away) since the request was bound: it is done.
+                    self.store.clear_node_request(view.uid, request.node, request.kind)
+            elif request.incarnation is None:
+                self.store.bind_node_request(view.uid, request.node, request.kind, node.incarnation)
+                replace.add(request.node)
+            elif request.incarnation == node.incarnation:
+                replace.add(request.node)
+            else:  # a new incarnation runs: the replacement is done
+                self.store.clear_node_request(view.uid, request.node, request.kind)
+        policy = view.spec.recovery
+        since = store.now() - timedelta(seconds=policy.window_s)
+        per_group: dict[str, int] = {}
+        for node_name, count in self.store.count_node_events(view.uid, plan.REPLACEMENT_REASONS, since).items():
+            group = view.spec.group_of(node_name)
+            per_group[group] = per_group.get(group, 0) + count
+        unhealthy = {}
+        for name, node_health in healths.items():
+            found = health_model.verdict(node_health)
+            if found is not None:
+                unhealthy[name] = found
+        return plan.Recovery(
+            unhealthy=unhealthy,
+            replace_requested=frozenset(replace),
+            cordoned=frozenset(cordoned),
+            held_groups=frozenset(g for g, count in per_group.items() if count >= policy.max_replacements),
+        )
+
+    def _record_health(self, view: state.ClusterView, transition: Transition) -> None:
+        after = transition.after
+        reasons = "; ".join(after.reasons)
+        if after.state is state.NodeHealthState.HEALTHY:
+            kind, reason, message = state.EventType.NORMAL, "NodeHealthy", f"node {transition.node} is healthy again"
+        elif after.state is state.NodeHealthState.UNHEALTHY:
+            action = (
+                "it will be replaced"
+                if view.spec.node_recovery is spec_mod.NodeRecovery.AUTOMATIC
+                else "manual recovery: replace it with raypod node replace"
+            )
+            kind, reason = state.EventType.WARNING, "NodeUnhealthy"
+            message = f"node {transition.node} is unhealthy ({reasons}); {action}"
+        else:
+            kind, reason, message = state.EventType.WARNING, "NodeSuspect", f"node {transition.node}: {reasons}"
+        self._record(view, kind, reason, message[:2000], transition.node)
 
     def _record_transitions(
         self, view: state.ClusterView, before: state.ClusterStatus, after: state.ClusterStatus
@@ -152,6 +227,9 @@ class Reconciler:
             and (was_reachable is None or was_reachable.reason != "GCSUnreachableTooLong")
         ):
             self._record(view, state.EventType.WARNING, "GCSUnreachableTooLong", after.message, None)
+        was_held, held = before.condition("ReplacementLimitReached"), after.condition("ReplacementLimitReached")
+        if held is not None and held.status and (was_held is None or not was_held.status):
+            self._record(view, state.EventType.WARNING, "ReplacementLimitReached", held.message, None)
         if after.phase is not before.phase and after.phase in (state.ClusterPhase.READY, state.ClusterPhase.DEGRADED):
             kind = state.EventType.NORMAL if after.phase is state.ClusterPhase.READY else state.EventType.WARNING
             self._record(view, kind, f"Cluster{after.phase.value}", after.message, None)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from raypod import actions, state
 from raypod import spec as spec_mod
 from raypod.backends import base
+from raypod.capabilities.nodehealth.model import Verdict
 
 HEAD = "head"
+# Deletes that replace a node the cluster still wants: the flapping guard counts them per group.
+REPLACEMENT_REASONS = frozenset({"RemovedDeadNode", "NodeStartTimedOut", "RemovedUnhealthyNode"})
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,19 @@ class PlanSettings:
 DEFAULT_SETTINGS = PlanSettings()
 
 
+@dataclass(frozen=True)
+class Recovery:
+    """What the health model and operators say about nodes, for this pass."""
+
+    unhealthy: Mapping[str, Verdict] = field(default_factory=dict)
+    replace_requested: frozenset[str] = frozenset()
+    cordoned: frozenset[str] = frozenset()
+    held_groups: frozenset[str] = frozenset()  # groups that reached their replacement limit
+
+
+NO_RECOVERY = Recovery()
+
+
 def plan(
     desired: spec_mod.ClusterSpec,
     observed: state.ObservedCluster,
@@ -28,6 +45,7 @@ def plan(
     now: float,
     features: frozenset[base.Feature],
     settings: PlanSettings = DEFAULT_SETTINGS,
+    recovery: Recovery = NO_RECOVERY,
 ) -> list[actions.Action]:
     """Return the actions that move ``observed`` toward ``desired``: clean-ups and deletes, drains, then creates."""
     cleanups: list[actions.Action] = [
@@ -58,19 +76,11 @@ def plan(
         if name in gone or node.phase is state.NodePhase.UNKNOWN:
             continue  # nothing is deleted, drained or replaced on an unknown
         if name in desired_nodes:
-            if node.phase is state.NodePhase.DEAD:
-                deletes.append(actions.DeleteNode(name, "RemovedDeadNode", node.reason or "node died"))
-                gone.add(name)
-            elif (
-                node.phase is state.NodePhase.STARTING
-                and observed.gcs_reachable
-                and now - node.started_at > settings.node_start_timeout_s
-            ):
-                message = f"not registered with Ray after {settings.node_start_timeout_s:.0f} s"
-                deletes.append(actions.DeleteNode(name, "NodeStartTimedOut", message))
-                gone.add(name)
-            elif node.phase is state.NodePhase.DRAINING:
-                deletes.append(actions.DeleteNode(name, "DeletedNode", "scaled back up while draining"))
+            recovering = _recover(node, desired, observed, recovery, now, features, settings)
+            if isinstance(recovering, actions.DrainNode):
+                drains.append(recovering)
+            elif recovering is not None:
+                deletes.append(recovering)
                 gone.add(name)
             continue
         deletes_or_drain = _retire(node, now, features, settings)
@@ -89,6 +99,67 @@ def plan(
         reason = "ReplacedNode" if name in gone else "CreatedHead" if wanted.is_head else "CreatedWorker"
         creates.append(actions.CreateNode(wanted, reason, _describe(wanted)))
     return cleanups + deletes + drains + creates
+
+
+def _recover(
+    node: state.ObservedNode,
+    desired: spec_mod.ClusterSpec,
+    observed: state.ObservedCluster,
+    recovery: Recovery,
+    now: float,
+    features: frozenset[base.Feature],
+    settings: PlanSettings,
+) -> actions.DrainNode | actions.DeleteNode | None:
+    """Replace a wanted node that died, never came up, is unhealthy, or that an operator asked to replace.
+
+    A cordoned node is left alone; so are the nodes of a group at its replacement limit, unless an operator asks.
+    An unhealthy node that still answers is drained first, up to the spec's drain timeout.
+    """
+    name = node.name
+    requested = name in recovery.replace_requested
+    if not requested and (name in recovery.cordoned or desired.group_of(name) in recovery.held_groups):
+        return None
+    quarantine = desired.recovery.quarantine_s
+    if node.phase is state.NodePhase.DEAD:
+        return actions.DeleteNode(name, "RemovedDeadNode", node.reason or "node died", quarantine)
+    if (
+        node.phase is state.NodePhase.STARTING
+        and observed.gcs_reachable
+        and now - node.started_at > settings.node_start_timeout_s
+    ):
+        message = f"not registered with Ray after {settings.node_start_timeout_s:.0f} s"
+        return actions.DeleteNode(name, "NodeStartTimedOut", message, quarantine)
+    verdict = recovery.unhealthy.get(name) if desired.node_recovery is spec_mod.NodeRecovery.AUTOMATIC else None
+    if requested or verdict is not None:
+        why = "an operator asked to replace it" if requested else f"unhealthy ({verdict.reason if verdict else ''})"
+        reason = "RemovedOnRequest" if requested else "RemovedUnhealthyNode"
+        if node.phase is state.NodePhase.DRAINING:
+            if node.drain_deadline is not None and now < node.drain_deadline:
+                return None
+            return actions.DeleteNode(name, reason, f"{why}; drained", quarantine)
+        drain_s = desired.recovery.drain_timeout_s
+        answers = verdict.answers if verdict is not None else True
+        if (
+            answers
+            and drain_s > 0
+            and node.phase is state.NodePhase.RUNNING
+            and node.ray_node_id
+            and base.Feature.DRAIN in features
+        ):
+            return actions.DrainNode(
+                name,
+                node.ray_node_id,
+                deadline=now + drain_s,
+                reason="DrainingOnRequest" if requested else "DrainingUnhealthyNode",
+                message=f"{why}; running work has {drain_s:g} s before the node is replaced",
+            )
+        if node.phase is state.NodePhase.STARTING and not requested:
+            return None
+        suffix = "" if answers else "; it does not answer, so it is not drained"
+        return actions.DeleteNode(name, reason, f"{why}{suffix}", quarantine)
+    if node.phase is state.NodePhase.DRAINING:
+        return actions.DeleteNode(name, "DeletedNode", "scaled back up while draining")
+    return None
 
 
 def _plan_deletion(observed: state.ObservedCluster) -> list[actions.Action]:

@@ -102,3 +102,15 @@ jobs = sa.Table(
     sa.Column("submitted_via", sa.String(8), nullable=False, server_default="raypod"),
     sa.Index("ix_jobs_cluster", "namespace", "cluster"),
 )
+
+node_requests = sa.Table(
+    "node_requests",
+    metadata,
+    sa.Column("cluster_uid", sa.String(32), primary_key=True),
+    sa.Column("node", sa.String(63), primary_key=True),
+    sa.Column("kind", sa.String(16), primary_key=True),  # "replace" or "cordon"
+    # The incarnation a replace request is for, bound on the first pass that sees it: done once it changed.
+    sa.Column("incarnation", sa.String(64), nullable=True),
+    sa.Column("requested_by", sa.String(63), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 from raypod import spec as spec_mod
 from raypod import state
+from raypod.capabilities.nodehealth.model import NodeHealth
 from raypod.controlplane import execute
 
 # The latest lifecycle event of a node that says it is being replaced (see ``replacing`` below).
 REPLACEMENT_REASONS = frozenset(
-    {"NodeDied", "RemovedDeadNode", "NodeStartTimedOut", "RestartedWithHead", "ReplacedNode"}
+    {
+        "NodeDied",
+        "RemovedDeadNode",
+        "NodeStartTimedOut",
+        "RestartedWithHead",
+        "ReplacedNode",
+        "NodeUnhealthy",
+        "DrainingUnhealthyNode",
+        "RemovedUnhealthyNode",
+        "DrainingOnRequest",
+        "RemovedOnRequest",
+    }
 )
 # ... and those that say it is not (it came up, or it was created or removed on purpose).
 SETTLED_REASONS = frozenset({"NodeStarted", "CreatedHead", "CreatedWorker", "DeletedNode", "DrainedNode"})
@@ -28,13 +41,18 @@ def derive_status(
     now: datetime,
     replacing: frozenset[str] = frozenset(),
     gcs_unreachable_timeout_s: float = DEFAULT_GCS_UNREACHABLE_TIMEOUT_S,
+    health: Mapping[str, NodeHealth] | None = None,
+    cordoned: frozenset[str] = frozenset(),
+    held_groups: frozenset[str] = frozenset(),
 ) -> state.ClusterStatus:
     """Return the status a user sees, from this observation and the recorded events only.
 
     ``replacing`` names the nodes whose latest lifecycle event (in the store, so a restarted server sees the
-    same) says they died or are being replaced. ``previous`` is read for nothing but the transition times of
-    conditions, which they keep while their status holds.
+    same) says they died or are being replaced. ``health`` is the health model's view of each node this pass;
+    ``held_groups`` are groups at their replacement limit. ``previous`` is read for nothing but the transition
+    times of conditions, which they keep while their status holds.
     """
+    health = health or {}
     desired_names = [node.name for node in desired.desired_nodes()]
     running = {n.name for n in observed.nodes.values() if n.phase is state.NodePhase.RUNNING}
     ready = sum(1 for name in desired_names if name in running)
@@ -58,6 +76,17 @@ def derive_status(
     unreachable_s = 0.0 if observed.gcs_reachable else (now - gcs.last_transition).total_seconds()
     if unreachable_s > gcs_unreachable_timeout_s:
         gcs = gcs.model_copy(update={"reason": "GCSUnreachableTooLong"})
+    unhealthy = sorted(
+        name for name in desired_names if name in health and health[name].state is state.NodeHealthState.UNHEALTHY
+    )
+    held = sorted(held_groups & {node.group for node in desired.desired_nodes()})
+    recovery = desired.recovery
+    held_message = (
+        f"group(s) {', '.join(held)} reached {recovery.max_replacements} replacement(s) in {recovery.window_s:g} s; "
+        "their nodes are left as they are until the window passes (raypod node replace still works)"
+        if held
+        else ""
+    )
     if deleting:
         phase, message = state.ClusterPhase.DELETING, f"stopping {len(observed.nodes)} node(s)"
     elif permanent:
@@ -65,6 +94,11 @@ def derive_status(
     elif not observed.gcs_reachable:
         phase = state.ClusterPhase.UNKNOWN
         message = f"the GCS has not answered for {unreachable_s:.0f} s; {len(unknown)} node(s) unknown, left alone"
+    elif head_ready and held:
+        phase, message = state.ClusterPhase.DEGRADED, f"{counts}; {held_message}"
+    elif head_ready and unhealthy:
+        what = "replacing" if desired.node_recovery is spec_mod.NodeRecovery.AUTOMATIC else "manual recovery:"
+        phase, message = state.ClusterPhase.DEGRADED, f"{counts}; {what} unhealthy node(s) {', '.join(unhealthy)}"
     elif ready == len(desired_names) and not surplus:
         phase, message = state.ClusterPhase.READY, counts
     elif head_ready and lost:
@@ -100,7 +134,24 @@ def derive_status(
             now,
         ),
         gcs,
+        _condition(
+            previous,
+            "NodesHealthy",
+            not unhealthy,
+            "AllHealthy" if not unhealthy else "NodesUnhealthy",
+            "; ".join(f"{name}: {', '.join(health[name].reasons)}" for name in unhealthy)[:1000],
+            now,
+        ),
+        _condition(
+            previous,
+            "ReplacementLimitReached",
+            bool(held),
+            "ReplacementLimitReached" if held else "WithinLimit",
+            held_message,
+            now,
+        ),
     ]
+    unassessed = NodeHealth(state.NodeHealthState.UNKNOWN)
     nodes = [
         state.NodeStatus(
             name=n.name,
@@ -111,6 +162,9 @@ def derive_status(
             ray_node_id=n.ray_node_id,
             reason=n.reason,
             metrics_endpoint=n.metrics_endpoint,
+            health=health.get(n.name, unassessed).state,
+            health_reasons=health.get(n.name, unassessed).reasons,
+            cordoned=n.name in cordoned,
         )
         for n in sorted(observed.nodes.values(), key=lambda n: (not n.is_head, n.group, _index(n.name)))
     ]

@@ -19,9 +19,21 @@ from sqlalchemy import event as sa_event
 
 from raypod import errors, state
 from raypod import spec as spec_mod
-from raypod.controlplane.schema import clusters, events
+from raypod.controlplane.schema import clusters, events, node_requests
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+@dataclass(frozen=True)
+class NodeRequest:
+    node: str
+    kind: str  # REPLACE or CORDON
+    incarnation: str | None
+    requested_by: str
+
+
+REPLACE = "replace"
+CORDON = "cordon"
 
 
 @dataclass(frozen=True)
@@ -133,6 +145,7 @@ class Store:
     def remove(self, uid: str) -> None:
         with self.engine.begin() as connection:
             connection.execute(clusters.delete().where(clusters.c.uid == uid))
+            connection.execute(node_requests.delete().where(node_requests.c.cluster_uid == uid))
 
     # -- events --------------------------------------------------------------------------------------------
 
@@ -167,6 +180,65 @@ class Store:
         with self.engine.connect() as connection:
             rows = connection.execute(sa.select(events.c.node, events.c.reason).where(events.c.id.in_(newest)))
             return {row.node: row.reason for row in rows}
+
+    def count_node_events(self, uid: str, reasons: frozenset[str], since: datetime) -> dict[str, int]:
+        """How many events among ``reasons`` each node of a cluster had since ``since``."""
+        query = (
+            sa.select(events.c.node, sa.func.count())
+            .where(
+                events.c.cluster_uid == uid,
+                events.c.node.is_not(None),
+                events.c.reason.in_(sorted(reasons)),
+                events.c.time >= since,
+            )
+            .group_by(events.c.node)
+        )
+        with self.engine.connect() as connection:
+            return {row[0]: int(row[1]) for row in connection.execute(query)}
+
+    # -- operators' requests on nodes ----------------------------------------------------------------------
+
+    def request_node(self, uid: str, node: str, kind: str, requested_by: str) -> None:
+        """Record (or renew) a request; a repeated replace request starts over for the node's next incarnation."""
+        with self.engine.begin() as connection:
+            connection.execute(
+                node_requests.delete().where(
+                    node_requests.c.cluster_uid == uid, node_requests.c.node == node, node_requests.c.kind == kind
+                )
+            )
+            connection.execute(
+                node_requests.insert().values(
+                    cluster_uid=uid, node=node, kind=kind, incarnation=None, requested_by=requested_by, created_at=now()
+                )
+            )
+
+    def clear_node_request(self, uid: str, node: str, kind: str) -> bool:
+        """Whether there was such a request."""
+        with self.engine.begin() as connection:
+            result = connection.execute(
+                node_requests.delete().where(
+                    node_requests.c.cluster_uid == uid, node_requests.c.node == node, node_requests.c.kind == kind
+                )
+            )
+        return bool(result.rowcount)
+
+    def bind_node_request(self, uid: str, node: str, kind: str, incarnation: str) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(
+                node_requests.update()
+                .where(
+                    node_requests.c.cluster_uid == uid,
+                    node_requests.c.node == node,
+                    node_requests.c.kind == kind,
+                    node_requests.c.incarnation.is_(None),
+                )
+                .values(incarnation=incarnation)
+            )
+
+    def node_requests(self, uid: str) -> builtins.list[NodeRequest]:
+        with self.engine.connect() as connection:
+            rows = connection.execute(node_requests.select().where(node_requests.c.cluster_uid == uid))
+            return [NodeRequest(row.node, row.kind, row.incarnation, row.requested_by) for row in rows]
 
     def events(self, namespace: str, name: str, limit: int = 200) -> builtins.list[state.Event]:
         """Events of every cluster that had this name, oldest first (events outlive a deleted cluster)."""

@@ -54,7 +54,10 @@ def raycluster(spec: spec_mod.ClusterSpec) -> dict[str, Any]:
         if group.resources:
             manifest["resources"] = {name: f"{amount:g}" for name, amount in sorted(group.resources.items())}
     if spec.gcs_fault_tolerance is not None:
-        options: dict[str, Any] = {"redisAddress": spec.gcs_fault_tolerance.redis_address}
+        options: dict[str, Any] = {}
+        # Without an address raypod runs the Redis (the local backend does; on Kubernetes see docs/resilience.md).
+        if spec.gcs_fault_tolerance.redis_address:
+            options["redisAddress"] = spec.gcs_fault_tolerance.redis_address
         if spec.gcs_fault_tolerance.external_storage_namespace:
             options["externalStorageNamespace"] = spec.gcs_fault_tolerance.external_storage_namespace
         body["gcsFaultToleranceOptions"] = options

@@ -49,6 +49,11 @@ NODE_EVENT_KINDS = {
     "CreatedWorker": "created",
     "DeletedNode": "deleted",
     "GCSUnreachable": "gcs_unreachable",
+    "NodeSuspect": "suspect",
+    "NodeUnhealthy": "unhealthy",
+    "NodeHealthy": "recovered",
+    "RemovedUnhealthyNode": "removed_unhealthy",
+    "ReplacementLimitReached": "replacement_limit",
 }
 
 
@@ -86,6 +91,11 @@ class ClusterCollector(Collector):
             "1 while the cluster's GCS answers raypod; 0 while its nodes are unknown.",
             labels=["ray_io_cluster", "namespace"],
         )
+        health = GaugeMetricFamily(
+            "raypod_node_health",
+            "1 for each node's current health state (Healthy, Suspect, Unhealthy, Unknown).",
+            labels=["ray_io_cluster", "namespace", "node", "state"],
+        )
         by_phase: Tally[str] = Tally({phase.value: 0 for phase in state.ClusterPhase})
         for view in self.views():
             phase = state.ClusterPhase.DELETING.value if view.deleting else view.status.phase.value
@@ -98,9 +108,12 @@ class ClusterCollector(Collector):
             counts = Tally(node.phase.value for node in view.status.nodes)
             for node_phase in state.NodePhase:
                 nodes.add_metric([name, namespace, node_phase.value], counts[node_phase.value])
+            for node in view.status.nodes:
+                for health_state in state.NodeHealthState:
+                    health.add_metric([name, namespace, node.name, health_state.value], node.health is health_state)
         for phase, count in sorted(by_phase.items()):
             clusters.add_metric([phase], count)
-        yield from (clusters, info, nodes, desired, reachable)
+        yield from (clusters, info, nodes, desired, reachable, health)
 
 
 def exposition(views: Callable[[], Iterable[state.ClusterView]]) -> bytes:

@@ -1,0 +1,190 @@
+"""Runs the probes of every node once per reconcile pass and keeps each node's health between passes.
+
+Probes of one pass run concurrently and are each bounded (a frozen node costs one probe timeout, not one per
+signal); user health checks run in the background at their own period and are read when they finish, so a slow
+check never holds up a pass. Health belongs to one incarnation of a node: a replacement starts afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import httpx
+import psutil
+
+from raypod import state
+from raypod.backends import base
+from raypod.backends.commands import CommandResult
+from raypod.capabilities.nodehealth import model, signals
+from raypod.capabilities.nodehealth.gpu import GpuHealth
+
+log = logging.getLogger(__name__)
+
+OBSERVED_THRESHOLD = 3  # disk and memory: three bad readings in a row
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A node's health changed to a state worth an event (suspect, unhealthy, or healthy again)."""
+
+    node: str
+    before: state.NodeHealthState
+    after: model.NodeHealth
+
+
+@dataclass
+class _Check:
+    incarnation: str
+    started_at: float
+    running: Future[CommandResult] | None = None
+
+
+class HealthMonitor:
+    def __init__(
+        self,
+        backend: base.Backend,
+        *,
+        gpus: GpuHealth | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        max_workers: int = 8,
+    ) -> None:
+        self.backend = backend
+        self.gpus = gpus
+        self.clock = clock
+        self._http = httpx.Client()
+        self._probes = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="raypod-probe")
+        self._checks_pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="raypod-check")
+        self._lock = threading.Lock()
+        self._health: dict[tuple[str, str], tuple[str, model.NodeHealth]] = {}
+        self._checks: dict[tuple[str, str, str], _Check] = {}
+
+    def assess(
+        self, view: state.ClusterView, observed: state.ObservedCluster
+    ) -> tuple[dict[str, model.NodeHealth], list[Transition]]:
+        """This pass's health of every observed node, and the transitions since the last pass."""
+        policy = view.spec.recovery
+        limits = self._memory_limits(view)
+        host = psutil.virtual_memory()
+        host_memory = signals.check_host_memory(host.available, host.total)
+        live = [n for n in observed.nodes.values() if n.phase in (state.NodePhase.RUNNING, state.NodePhase.DRAINING)]
+        agent_answers = {
+            node.name: self._probes.submit(
+                signals.probe_agent,
+                self._http,
+                node.agent_endpoint,
+                timeout_s=policy.probe_timeout_s,
+                threshold=policy.probe_failure_threshold,
+            )
+            for node in live
+            if node.agent_endpoint
+        }
+        healths: dict[str, model.NodeHealth] = {}
+        transitions: list[Transition] = []
+        for node in observed.nodes.values():
+            key = (view.uid, node.name)
+            with self._lock:
+                incarnation, previous = self._health.get(key, ("", model.UNASSESSED))
+            if incarnation != node.incarnation:
+                previous = model.UNASSESSED
+            if node.phase is state.NodePhase.UNKNOWN:
+                healths[node.name] = model.NodeHealth(state.NodeHealthState.UNKNOWN, previous.signals)
+                continue  # nothing observed: the last assessment is kept, unchanged
+            if node.phase is state.NodePhase.STARTING:
+                current = model.UNASSESSED
+            elif node.phase is state.NodePhase.DEAD:
+                dead = model.SignalResult("process", model.Level.FAIL, node.reason or "node died")
+                current = model.assess(previous, [dead], recovery_threshold=policy.recovery_threshold)
+            else:
+                results = [host_memory, *self._node_signals(view, node, limits.get(node.name))]
+                if node.name in agent_answers:
+                    results.append(agent_answers[node.name].result())
+                results.extend(self._user_checks(view, node))
+                current = model.assess(previous, results, recovery_threshold=policy.recovery_threshold)
+            with self._lock:
+                self._health[key] = (node.incarnation, current)
+            healths[node.name] = current
+            if _worth_an_event(previous.state, current.state):
+                transitions.append(Transition(node.name, previous.state, current))
+        self._forget_nodes(view.uid, set(observed.nodes))
+        return healths, transitions
+
+    def forget(self, cluster_id: str) -> None:
+        self._forget_nodes(cluster_id, set())
+
+    def close(self) -> None:
+        self._probes.shutdown(wait=False, cancel_futures=True)
+        self._checks_pool.shutdown(wait=False, cancel_futures=True)
+        self._http.close()
+
+    def _node_signals(
+        self, view: state.ClusterView, node: state.ObservedNode, memory_limit: int | None
+    ) -> list[model.SignalResult]:
+        policy = view.spec.recovery
+        found = []
+        if node.session_dir:
+            found.append(
+                signals.check_disk(node.session_dir, min_free=policy.min_free_disk, threshold=OBSERVED_THRESHOLD)
+            )
+        if memory_limit is not None:
+            found.append(signals.check_memory(node.rss_bytes, memory_limit, threshold=OBSERVED_THRESHOLD))
+        wanted_gpus = next((n.gpus for n in view.spec.desired_nodes() if n.name == node.name), 0)
+        if wanted_gpus and self.gpus is not None:
+            found.append(self.gpus.check(wanted_gpus))
+        return found
+
+    def _user_checks(self, view: state.ClusterView, node: state.ObservedNode) -> list[model.SignalResult]:
+        """Results of checks that finished since the last pass; starts the ones that are due."""
+        found = []
+        now = self.clock()
+        for check in view.spec.health_checks:
+            key = (view.uid, node.name, check.name)
+            with self._lock:
+                entry = self._checks.get(key)
+                if entry is not None and entry.incarnation != node.incarnation:
+                    entry = None
+                if entry is not None and entry.running is not None and entry.running.done():
+                    try:
+                        result = entry.running.result()
+                    except Exception as exc:  # the backend could not run it at all: unknown, not failed
+                        log.warning("health check %s on %s could not run: %s", check.name, node.name, exc)
+                    else:
+                        found.append(
+                            signals.command_signal(
+                                result, check.name, timeout_s=check.timeout_s, threshold=check.failure_threshold
+                            )
+                        )
+                    entry.running = None
+                if entry is None or (entry.running is None and now - entry.started_at >= check.period_s):
+                    running = self._checks_pool.submit(
+                        self.backend.run_on_node, view.uid, node.name, check.command, check.timeout_s
+                    )
+                    self._checks[key] = _Check(node.incarnation, now, running)
+        return found
+
+    def _memory_limits(self, view: state.ClusterView) -> dict[str, int]:
+        capacity = self.backend.capacity()
+        return {
+            node.name: node.memory
+            + node.object_store_memory
+            + (capacity.head_overhead_bytes if node.is_head else capacity.worker_overhead_bytes)
+            for node in view.spec.desired_nodes()
+        }
+
+    def _forget_nodes(self, cluster_id: str, keep: set[str]) -> None:
+        with self._lock:
+            for key in [k for k in self._health if k[0] == cluster_id and k[1] not in keep]:
+                del self._health[key]
+            for check_key in [k for k in self._checks if k[0] == cluster_id and k[1] not in keep]:
+                del self._checks[check_key]
+
+
+def _worth_an_event(before: state.NodeHealthState, after: state.NodeHealthState) -> bool:
+    troubled = (state.NodeHealthState.SUSPECT, state.NodeHealthState.UNHEALTHY)
+    if after in troubled:
+        return after is not before
+    return after is state.NodeHealthState.HEALTHY and before in troubled
