@@ -5,6 +5,7 @@ from __future__ import annotations
 from raypod import actions, state
 from raypod import spec as spec_mod
 from raypod.backends import base
+from raypod.capabilities.nodehealth.model import Verdict
 from raypod.controlplane import plan
 
 NOW = 1_000_000.0
@@ -168,3 +169,139 @@ def test_start_timeout_does_not_count_while_the_gcs_is_unreachable() -> None:
     stuck = node("cpu-1", Phase.STARTING, started=NOW - 1000)
     seen = observed(node("head", Phase.UNKNOWN), node("cpu-0", Phase.UNKNOWN), stuck, gcs_reachable=False)
     assert run(spec(), seen) == []
+
+
+# -- node recovery ---------------------------------------------------------------------------------------------
+
+ANSWERS = Verdict(reason="check:fs: exit 1", answers=True)
+FROZEN = Verdict(reason="agent: no answer", answers=False)
+
+
+def recovery(**fields: object) -> plan.Recovery:
+    return plan.Recovery(**fields)  # type: ignore[arg-type]
+
+
+def manual() -> spec_mod.ClusterSpec:
+    return spec_mod.parse_spec(
+        {"name": "demo", "worker_groups": [{"name": "cpu", "replicas": 2}], "node_recovery": "manual"}
+    )
+
+
+HEALTHY_CLUSTER = observed(node("head"), node("cpu-0"), node("cpu-1"))
+
+
+def test_an_unhealthy_node_that_answers_is_drained_then_replaced_once_the_drain_ends() -> None:
+    planned = plan.plan(
+        spec(),
+        HEALTHY_CLUSTER,
+        deleting=False,
+        now=NOW,
+        features=DRAIN,
+        recovery=recovery(unhealthy={"cpu-1": ANSWERS}),
+    )
+    assert summary(planned) == [("DrainNode", "cpu-1", "DrainingUnhealthyNode")]
+    assert isinstance(planned[0], actions.DrainNode) and planned[0].deadline == NOW + 10
+    draining = observed(node("head"), node("cpu-0"), node("cpu-1", Phase.DRAINING, drain_deadline=NOW + 5))
+    assert run(spec(), draining, recovery=recovery(unhealthy={"cpu-1": ANSWERS})) == []
+    drained = observed(node("head"), node("cpu-0"), node("cpu-1", Phase.DRAINING, drain_deadline=NOW - 1))
+    planned = plan.plan(
+        spec(), drained, deleting=False, now=NOW, features=DRAIN, recovery=recovery(unhealthy={"cpu-1": ANSWERS})
+    )
+    assert summary(planned) == [
+        ("DeleteNode", "cpu-1", "RemovedUnhealthyNode"),
+        ("CreateNode", "cpu-1", "ReplacedNode"),
+    ]
+    delete = planned[0]
+    assert isinstance(delete, actions.DeleteNode) and delete.quarantine_s == 300.0
+
+
+def test_a_frozen_node_is_not_drained_it_is_replaced_at_once() -> None:
+    assert run(spec(), HEALTHY_CLUSTER, recovery=recovery(unhealthy={"cpu-0": FROZEN})) == [
+        ("DeleteNode", "cpu-0", "RemovedUnhealthyNode"),
+        ("CreateNode", "cpu-0", "ReplacedNode"),
+    ]
+
+
+def test_without_drain_support_or_a_zero_drain_timeout_an_unhealthy_node_is_replaced_at_once() -> None:
+    assert run(spec(), HEALTHY_CLUSTER, features=frozenset(), recovery=recovery(unhealthy={"cpu-0": ANSWERS}))[0] == (
+        "DeleteNode",
+        "cpu-0",
+        "RemovedUnhealthyNode",
+    )
+    no_drain = spec_mod.parse_spec(
+        {"name": "demo", "worker_groups": [{"name": "cpu", "replicas": 2}], "recovery": {"drain_timeout_s": 0}}
+    )
+    assert (
+        run(no_drain, HEALTHY_CLUSTER, recovery=recovery(unhealthy={"cpu-0": ANSWERS}))[0][2] == "RemovedUnhealthyNode"
+    )
+
+
+def test_manual_recovery_touches_no_unhealthy_node_but_an_operator_request_replaces_it() -> None:
+    assert run(manual(), HEALTHY_CLUSTER, recovery=recovery(unhealthy={"cpu-0": FROZEN})) == []
+    assert run(manual(), HEALTHY_CLUSTER, recovery=recovery(replace_requested=frozenset({"cpu-0"}))) == [
+        ("DrainNode", "cpu-0", "DrainingOnRequest")
+    ]
+    late = observed(node("head"), node("cpu-0", Phase.DRAINING, drain_deadline=NOW - 1), node("cpu-1"))
+    assert run(manual(), late, recovery=recovery(replace_requested=frozenset({"cpu-0"}))) == [
+        ("DeleteNode", "cpu-0", "RemovedOnRequest"),
+        ("CreateNode", "cpu-0", "ReplacedNode"),
+    ]
+
+
+def test_a_dead_node_is_replaced_in_both_modes_with_its_slot_quarantined() -> None:
+    dead = observed(node("head"), node("cpu-0", Phase.DEAD, reason="node process exited"), node("cpu-1"))
+    for desired in (spec(), manual()):
+        planned = plan.plan(desired, dead, deleting=False, now=NOW, features=DRAIN)
+        assert summary(planned) == [("DeleteNode", "cpu-0", "RemovedDeadNode"), ("CreateNode", "cpu-0", "ReplacedNode")]
+        assert isinstance(planned[0], actions.DeleteNode) and planned[0].quarantine_s == 300.0
+
+
+def test_a_group_at_its_replacement_limit_is_left_as_it_is_unless_an_operator_asks() -> None:
+    dead = observed(node("head"), node("cpu-0", Phase.DEAD), node("cpu-1"))
+    held = frozenset({"cpu"})
+    assert run(spec(), dead, recovery=recovery(held_groups=held, unhealthy={"cpu-1": FROZEN})) == []
+    assert run(spec(), dead, recovery=recovery(held_groups=held, replace_requested=frozenset({"cpu-0"})))[0] == (
+        "DeleteNode",
+        "cpu-0",
+        "RemovedDeadNode",
+    )
+    # Another group's limit does not hold this one.
+    assert run(spec(), dead, recovery=recovery(held_groups=frozenset({"headgroup"})))[0][2] == "RemovedDeadNode"
+
+
+def test_a_cordoned_node_is_left_alone_even_when_it_is_dead() -> None:
+    dead = observed(node("head"), node("cpu-0", Phase.DEAD), node("cpu-1"))
+    cordoned = frozenset({"cpu-0", "cpu-1"})
+    assert run(spec(), dead, recovery=recovery(cordoned=cordoned, unhealthy={"cpu-1": FROZEN})) == []
+
+
+def test_an_unknown_node_is_never_recovered_whatever_the_verdict_or_request() -> None:
+    unknown = observed(
+        node("head", Phase.UNKNOWN), node("cpu-0", Phase.UNKNOWN), node("cpu-1", Phase.UNKNOWN), gcs_reachable=False
+    )
+    assert (
+        run(spec(), unknown, recovery=recovery(unhealthy={"cpu-0": FROZEN}, replace_requested=frozenset({"cpu-1"})))
+        == []
+    )
+
+
+def test_invalid_recovery_settings_are_refused_with_the_field_named() -> None:
+    import pytest
+
+    from raypod import errors
+
+    for bad, field in [
+        ({"recovery": {"window_s": -1}}, "recovery.window_s"),
+        ({"recovery": {"max_replacements": 0}}, "recovery.max_replacements"),
+        ({"recovery": {"probe_failure_threshold": 0}}, "recovery.probe_failure_threshold"),
+        ({"node_recovery": "sometimes"}, "node_recovery"),
+        (
+            {"health_checks": [{"name": "x", "command": "true", "failure_threshold": 0}]},
+            "health_checks.0.failure_threshold",
+        ),
+        ({"health_checks": [{"name": "x", "command": "true", "period_s": 5, "timeout_s": 10}]}, "health_checks.0"),
+        ({"health_checks": [{"name": "x", "command": "true"}, {"name": "x", "command": "false"}]}, "(spec)"),
+    ]:
+        with pytest.raises(errors.InvalidSpec) as raised:
+            spec_mod.parse_spec({"name": "demo", **bad})
+        assert field in str(raised.value) or field == "(spec)", (bad, str(raised.value))
