@@ -81,6 +81,16 @@ def test_create_list_get_scale_events_delete(server: TestClient, backend: FakeBa
     events = runner.invoke(app, ["cluster", "events", "demo", "-o", "json"])
     assert "Scaled" in [e["reason"] for e in json.loads(events.stdout)]
 
+    shown = runner.invoke(app, ["cluster", "get", "demo"])
+    assert "HEALTH" in shown.stdout and "NodesHealthy" in shown.stdout
+    for verb in ("cordon", "uncordon", "replace"):
+        done = runner.invoke(app, ["node", verb, "demo", "workers-0"])
+        assert done.exit_code == 0 and "workers-0" in done.stdout, done.output
+    unknown = runner.invoke(app, ["node", "replace", "demo", "workers-9"])
+    assert unknown.exit_code == 1 and "node 'workers-9' not in cluster 'demo'" in unknown.output
+    reasons = [e["reason"] for e in json.loads(runner.invoke(app, ["cluster", "events", "demo", "-o", "json"]).stdout)]
+    assert {"NodeCordoned", "NodeUncordoned", "NodeReplaceRequested"} <= set(reasons)
+
     deleted = runner.invoke(app, ["cluster", "delete", "demo"])
     assert deleted.exit_code == 0 and "deleted" in deleted.stdout
     assert backend.nodes == {}

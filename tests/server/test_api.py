@@ -163,3 +163,24 @@ def test_unexpected_errors_become_a_500_with_a_request_id(api: TestClient, backe
     response = api.post("/api/v1/clusters", json=CLUSTER)
     assert response.status_code == 500
     assert "boom" not in response.text and response.json()["detail"]["request_id"]
+
+
+def test_node_verbs_reach_the_loop_and_bad_ones_get_a_clear_4xx(api: TestClient, backend: FakeBackend) -> None:
+    uid = api.post("/api/v1/clusters", json=CLUSTER).json()["uid"]
+    wait_for(api, PATH, ready)
+    first = backend.nodes[uid]["cpu-0"].incarnation
+    assert api.post(f"{PATH}/nodes/cpu-0/replace").status_code == 202
+    wait_for(api, PATH, lambda r: ready(r) and backend.nodes[uid]["cpu-0"].incarnation != first)
+    assert api.post(f"{PATH}/nodes/cpu-1/cordon").status_code == 202
+    view = wait_for(api, PATH, lambda r: any(n["cordoned"] for n in r.json()["status"]["nodes"])).json()
+    assert [n["name"] for n in view["status"]["nodes"] if n["cordoned"]] == ["cpu-1"]
+    assert all(n["health"] == "Healthy" for n in view["status"]["nodes"])
+    assert api.post(f"{PATH}/nodes/cpu-1/uncordon").status_code == 202
+    wait_for(api, PATH, lambda r: not any(n["cordoned"] for n in r.json()["status"]["nodes"]))
+    reasons = [e["reason"] for e in api.get(f"{PATH}/events").json()]
+    for expected in ("NodeReplaceRequested", "DrainingOnRequest", "ReplacedNode", "NodeCordoned", "NodeUncordoned"):
+        assert expected in reasons
+    missing = api.post(f"{PATH}/nodes/cpu-9/replace")
+    assert missing.status_code == 404 and "cpu-0, cpu-1" in missing.json()["message"]
+    assert api.post(f"{PATH}/nodes/cpu-0/reboot").status_code in (400, 404, 422)
+    assert api.post("/api/v1/namespaces/default/clusters/nope/nodes/head/replace").status_code == 404

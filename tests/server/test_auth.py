@@ -46,6 +46,8 @@ PARAMS = {
     "team": "default",
     "token_id": "abc",
     "job_id": "rj-0123456789",
+    "node": "head",
+    "action": "replace",
 }
 
 
@@ -181,6 +183,10 @@ def test_viewers_read_owners_and_team_admins_operate_outsiders_get_403(
 
     scaled = client.post(f"{path}/scale", json={"group": "g", "replicas": 1}, headers=bearer(carol))
     assert scaled.status_code == 404  # allowed past authorization: the group does not exist
+    # Node verbs are operator verbs: the owner and team admins, not viewers or outsiders.
+    assert client.post(f"{path}/nodes/head/replace", headers=bearer(bob)).status_code == 403
+    assert client.post(f"{path}/nodes/head/cordon", headers=bearer(dave)).status_code == 403
+    assert client.post(f"{path}/nodes/head/cordon", headers=bearer(carol)).status_code == 202
     assert client.delete(path, headers=bearer(alice)).status_code == 202
 
 

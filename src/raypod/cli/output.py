@@ -72,16 +72,28 @@ def render_cluster(view: state.ClusterView, fmt: Format) -> None:
     for key, value in status.endpoints.items():
         console.print(f"  {key:<10} {value}")
     table = Table(box=None, header_style="bold")
-    for column in ("NODE", "GROUP", "PHASE", "PID", "RAY NODE ID", "REASON"):
+    for column in ("NODE", "GROUP", "PHASE", "HEALTH", "PID", "RAY NODE ID", "REASON"):
         table.add_column(column)
     for node in status.nodes:
+        health = node.health.value + (" (cordoned)" if node.cordoned else "")
+        if node.health is not state.NodeHealthState.HEALTHY and node.health is not state.NodeHealthState.UNKNOWN:
+            health = f"[yellow]{health}[/yellow]"
+        reason = "; ".join(filter(None, [node.reason, *node.health_reasons]))
         table.add_row(
-            node.name, node.group, node.phase.value, str(node.pid or "-"), (node.ray_node_id or "-")[:12], node.reason
+            node.name,
+            node.group,
+            node.phase.value,
+            health,
+            str(node.pid or "-"),
+            (node.ray_node_id or "-")[:12],
+            reason,
         )
     console.print(table)
     for condition in status.conditions:
-        mark = "[green]True[/green]" if condition.status else "[yellow]False[/yellow]"
-        console.print(f"  {condition.type:<15} {mark}  {condition.reason}  {condition.message}")
+        # Conditions that name a problem (ReplicaFailure, ReplacementLimitReached) are fine when false.
+        good = condition.status != (condition.type in ("ReplicaFailure", "ReplacementLimitReached"))
+        mark = f"[green]{condition.status}[/green]" if good else f"[yellow]{condition.status}[/yellow]"
+        console.print(f"  {condition.type:<24} {mark}  {condition.reason}  {condition.message}")
 
 
 def render_events(events: list[state.Event], fmt: Format) -> None:

@@ -42,6 +42,21 @@ class Clusters:
     def delete(self, name: str, namespace: str = "default") -> state.ClusterView:
         return state.ClusterView.model_validate(self._t.request("DELETE", _path(namespace, name)))
 
+    def replace_node(self, name: str, node: str, namespace: str = "default") -> state.ClusterView:
+        """Drain (when it answers) and replace one node, whatever the recovery mode or the flapping guard."""
+        return self._node_action(name, node, "replace", namespace)
+
+    def cordon_node(self, name: str, node: str, namespace: str = "default") -> state.ClusterView:
+        """Hold a node out of automatic recovery (to inspect it) until ``uncordon_node``."""
+        return self._node_action(name, node, "cordon", namespace)
+
+    def uncordon_node(self, name: str, node: str, namespace: str = "default") -> state.ClusterView:
+        return self._node_action(name, node, "uncordon", namespace)
+
+    def _node_action(self, name: str, node: str, action: str, namespace: str) -> state.ClusterView:
+        payload = self._t.request("POST", _path(namespace, name, f"nodes/{node}/{action}"))
+        return state.ClusterView.model_validate(payload)
+
     def events(self, name: str, namespace: str = "default", limit: int = 200) -> builtins.list[state.Event]:
         payload = self._t.request("GET", _path(namespace, name, "events"), params={"limit": limit})
         return [state.Event.model_validate(item) for item in payload]

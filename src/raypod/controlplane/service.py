@@ -107,6 +107,34 @@ class ClusterService:
         self.wake()
         return self.store.get(namespace, name)
 
+    def node_action(self, caller: Principal, namespace: str, name: str, node: str, action: str) -> state.ClusterView:
+        """``replace``: drain (if it answers) and replace the node, in either recovery mode, even past the
+        flapping guard. ``cordon``: hold the node out of automatic recovery; ``uncordon``: release it.
+
+        Raises:
+            NotFound: unknown cluster or node. Conflict: the cluster is being deleted. InvalidSpec: unknown action.
+        """
+        view = self.get(caller, namespace, name, Verb.OPERATE)
+        if view.deleting:
+            raise errors.Conflict(f"cluster '{name}' is being deleted")
+        known = [n.name for n in view.spec.desired_nodes()]
+        if node not in known:
+            raise errors.NotFound(f"node '{node}' not in cluster '{name}' (nodes: {', '.join(known)})")
+        if action == "replace":
+            self.store.request_node(view.uid, node, store.REPLACE, caller.user)
+            reason, message = "NodeReplaceRequested", f"{caller.user} asked to replace node {node}"
+        elif action == "cordon":
+            self.store.request_node(view.uid, node, store.CORDON, caller.user)
+            reason, message = "NodeCordoned", f"{caller.user} cordoned node {node}: no automatic recovery"
+        elif action == "uncordon":
+            self.store.clear_node_request(view.uid, node, store.CORDON)
+            reason, message = "NodeUncordoned", f"{caller.user} uncordoned node {node}"
+        else:
+            raise errors.InvalidSpec(f"unknown node action '{action}' (replace, cordon, uncordon)")
+        self.store.record(view, state.EventType.NORMAL, reason, message, node)
+        self.wake()
+        return self.store.get(namespace, name)
+
     def events(self, caller: Principal, namespace: str, name: str, limit: int = 200) -> builtins.list[state.Event]:
         """Events of a cluster, also after it was deleted.
 

@@ -63,6 +63,9 @@ class NodeRow:
     pid: int | None
     ray_node_id: str
     reason: str
+    health: str = "Unknown"
+    health_reasons: tuple[str, ...] = ()
+    cordoned: bool = False
 
 
 def node_rows(view: state.ClusterView) -> list[NodeRow]:
@@ -84,6 +87,9 @@ def node_rows(view: state.ClusterView) -> list[NodeRow]:
                 pid=node.pid if node else None,
                 ray_node_id=(node.ray_node_id or "")[:12] if node else "",
                 reason=node.reason if node else "",
+                health=node.health.value if node else "Unknown",
+                health_reasons=tuple(node.health_reasons) if node else (),
+                cordoned=node.cordoned if node else False,
             )
         )
     for node in seen.values():  # nodes being removed by a scale-down
@@ -100,6 +106,8 @@ def node_rows(view: state.ClusterView) -> list[NodeRow]:
                 pid=node.pid,
                 ray_node_id=(node.ray_node_id or "")[:12],
                 reason=node.reason or "being removed",
+                health=node.health.value,
+                health_reasons=tuple(node.health_reasons),
             )
         )
     return rows

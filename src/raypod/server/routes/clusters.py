@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -58,6 +58,17 @@ def scale_cluster(
 @router.delete("/namespaces/{namespace}/clusters/{name}", status_code=202)
 def delete_cluster(caller: Caller, namespace: NamePath, name: NamePath, svc: Service) -> state.ClusterView:
     return svc.delete(caller, namespace, name)
+
+
+NodeAction = Literal["replace", "cordon", "uncordon"]
+
+
+@router.post("/namespaces/{namespace}/clusters/{name}/nodes/{node}/{action}", status_code=202)
+def node_action(
+    caller: Caller, namespace: NamePath, name: NamePath, node: NamePath, action: NodeAction, svc: Service
+) -> state.ClusterView:
+    """Operators' node verbs: replace (drain, then replace), cordon (no automatic recovery), uncordon."""
+    return svc.node_action(caller, namespace, name, node, action)
 
 
 @router.get("/namespaces/{namespace}/clusters/{name}/events")
