@@ -39,6 +39,7 @@ GCS_TIMEOUT_S = 2.0
 TOKEN_FILE = "ray-auth-token"
 REDIS_PASSWORD_FILE = "redis-password"
 QUARANTINE_FILE = "quarantine.json"
+SHARED_DIR_VARIABLE = "RAYPOD_SHARED_DIR"
 REDIS_NODE = "_redis"  # the marker of the Redis process: names that start with "_" are never nodes
 UNSHARE = ("unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private")
 NODE_MARKER = "RAYPOD_NODE_NAME"
@@ -241,6 +242,7 @@ class LocalBackend:
             )
         with self._lock:
             cluster = self._ensure_cluster(cluster_id)
+            os.makedirs(os.path.join(cluster.temp_dir, "shared"), exist_ok=True)
             existing = self._read_nodes(cluster_id).get(node.name)
             if existing and _is_alive(existing):
                 return
@@ -267,6 +269,9 @@ class LocalBackend:
                 child = subprocess.Popen(
                     self._sandboxed(cluster, self._command(cluster_id, cluster, record, node)),
                     env=self._environment(cluster_id, node),
+                    # Not the server's working directory: a sandboxed node may not see it, and Python's spawned
+                    # subprocesses (the dashboard's modules) die at start when they cannot enter it.
+                    cwd=cluster.temp_dir,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -459,9 +464,12 @@ class LocalBackend:
             env.update(FAST_HEALTH_CHECKS)
         if node.is_head:
             env.update(config.MonitoringEndpoints.read(self.home).ray_dashboard_env())
-        if node.managed_redis:
-            cluster = self._read_cluster(cluster_id)
-            if cluster is not None and cluster.redis_port:
+        cluster = self._read_cluster(cluster_id)
+        if cluster is not None:
+            # One host, one filesystem: a directory every node of the cluster sees (a sandboxed node's /tmp is
+            # its own), for what Ray needs shared, such as Ray Train's storage_path.
+            env[SHARED_DIR_VARIABLE] = os.path.join(cluster.temp_dir, "shared")
+            if node.managed_redis and cluster.redis_port:
                 env["RAY_REDIS_ADDRESS"] = f"127.0.0.1:{cluster.redis_port}"
         env[CLUSTER_MARKER] = cluster_id
         env[NODE_MARKER] = node.name
