@@ -50,7 +50,7 @@ class ObservedNode:
     incarnation: str = ""  # changes whenever the node is (re)created: health and requests belong to one
     agent_endpoint: str | None = None  # host:port of the node's dashboard agent (HTTP)
     session_dir: str | None = None  # where the node's logs and spilled objects live, when the backend can see it
-    rss_bytes: int | None = None  # the node's processes together, when the backend can see them
+    memory_bytes: int | None = None  # the node's processes together (PSS), when the backend can see them
 
 
 @dataclass(frozen=True)

@@ -305,3 +305,17 @@ def test_invalid_recovery_settings_are_refused_with_the_field_named() -> None:
         with pytest.raises(errors.InvalidSpec) as raised:
             spec_mod.parse_spec({"name": "demo", **bad})
         assert field in str(raised.value) or field == "(spec)", (bad, str(raised.value))
+
+
+def test_an_unhealthy_head_replaced_without_gcs_fault_tolerance_restarts_the_workers_with_it() -> None:
+    frozen_head = recovery(unhealthy={"head": FROZEN})
+    assert run(spec(), HEALTHY_CLUSTER, recovery=frozen_head) == [
+        ("DeleteNode", "cpu-0", "RestartedWithHead"),
+        ("DeleteNode", "cpu-1", "RestartedWithHead"),
+        ("DeleteNode", "head", "RemovedUnhealthyNode"),
+        ("CreateNode", "head", "ReplacedNode"),
+    ]
+    assert run(spec(fault_tolerant=True), HEALTHY_CLUSTER, recovery=frozen_head) == [
+        ("DeleteNode", "head", "RemovedUnhealthyNode"),
+        ("CreateNode", "head", "ReplacedNode"),
+    ]

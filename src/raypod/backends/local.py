@@ -47,6 +47,7 @@ INCARNATION_LABEL = "raypod.io/incarnation"
 HEAD_OVERHEAD_BYTES = 1800 * 2**20
 WORKER_OVERHEAD_BYTES = 350 * 2**20
 STOP_GRACE_S = 3.0
+MEMORY_SAMPLE_S = 5.0
 NODE_PORTS = (
     "agent_port",
     "metrics_port",
@@ -105,6 +106,7 @@ class LocalBackend:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._gcs_clients: dict[str, tuple[int, Any]] = {}
         self._gcs_errors: dict[str, str] = {}
+        self._memory_samples: dict[str, tuple[float, dict[str, int | None]]] = {}
         self._http = httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
         gpus = _count_gpus()
         self.features = frozenset(
@@ -160,10 +162,8 @@ class LocalBackend:
         self._expire_quarantine(cluster_id)
         head = next((r for r in records.values() if r.is_head), None)
         table = self._ray_nodes(cluster_id, cluster) if head and _is_alive(head) else _GcsTable({})
-        nodes = {
-            name: _observe_node(record, table, cluster, _rss(processes.get(name, [])))
-            for name, record in records.items()
-        }
+        memory = self._memory_of(cluster_id, processes)
+        nodes = {name: _observe_node(record, table, cluster, memory.get(name)) for name, record in records.items()}
         return state.ObservedCluster(
             nodes=nodes,
             endpoints={
@@ -175,6 +175,15 @@ class LocalBackend:
             gcs_reachable=table.error is None,
             gcs_error=table.error or "",
         )
+
+    def _memory_of(self, cluster_id: str, processes: dict[str, list[psutil.Process]]) -> dict[str, int | None]:
+        """Each node's memory, read at most every MEMORY_SAMPLE_S (reading it costs milliseconds per process)."""
+        sampled = self._memory_samples.get(cluster_id)
+        if sampled is not None and time.monotonic() - sampled[0] < MEMORY_SAMPLE_S:
+            return sampled[1]
+        found = {name: _memory(found) for name, found in processes.items()}
+        self._memory_samples[cluster_id] = (time.monotonic(), found)
+        return found
 
     def _ray_nodes(self, cluster_id: str, cluster: _ClusterRecord) -> _GcsTable:
         """What the GCS node table says of each incarnation.
@@ -317,7 +326,9 @@ class LocalBackend:
         if record is not None and _is_alive(record):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(record.pid, signal.SIGTERM)
-        _stop_processes(lambda: _processes_by_node(cluster_id).get(name, []), STOP_GRACE_S)
+        # A node being replaced is dead or unhealthy (a drain already gave its work time): no grace period.
+        grace = 0.0 if quarantine_s > 0 else STOP_GRACE_S
+        _stop_processes(lambda: _processes_by_node(cluster_id).get(name, []), grace)
         self._reap_children()
         if record is not None and quarantine_s > 0:
             self._quarantine(cluster_id, record, quarantine_s)
@@ -654,16 +665,18 @@ class _GcsTable:
     error: str | None = None
 
 
-def _rss(processes: list[psutil.Process]) -> int | None:
+def _memory(processes: list[psutil.Process]) -> int | None:
+    """Proportional set size of a node's processes: shared pages (libraries, the object store) are split among
+    the processes that map them, so nodes are not charged several times for them, as a sum of RSS would."""
     total = 0
     for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            total += process.memory_info().rss
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, AttributeError):
+            total += process.memory_full_info().pss
     return total or None
 
 
 def _observe_node(
-    record: _NodeRecord, table: _GcsTable, cluster: _ClusterRecord, rss: int | None
+    record: _NodeRecord, table: _GcsTable, cluster: _ClusterRecord, memory: int | None
 ) -> state.ObservedNode:
     ray_node = table.nodes.get(record.incarnation)
     ray_node_id = ray_node.node_id if ray_node else None
@@ -693,7 +706,7 @@ def _observe_node(
         incarnation=record.incarnation,
         agent_endpoint=f"127.0.0.1:{record.agent_port}",
         session_dir=record.temp_dir or cluster.temp_dir,
-        rss_bytes=rss,
+        memory_bytes=memory,
     )
 
 

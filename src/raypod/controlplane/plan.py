@@ -62,7 +62,10 @@ def plan(
 
     head = observed.nodes.get(HEAD)
     # An UNKNOWN head is not a lost one: a GCS that does not answer says nothing about the nodes behind it.
-    head_lost = head is None or head.phase is state.NodePhase.DEAD
+    head_replaced = head is not None and isinstance(
+        _recover(head, desired, observed, recovery, now, features, settings), actions.DeleteNode
+    )
+    head_lost = head is None or head.phase is state.NodePhase.DEAD or head_replaced
     if head_lost and desired.gcs_fault_tolerance is None:
         # Without GCS fault tolerance no worker outlives its head's GCS: restart them with it, as KubeRay does.
         for node in _workers(observed):

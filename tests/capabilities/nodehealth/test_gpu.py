@@ -17,7 +17,7 @@ class NVMLError(Exception):
 @dataclass
 class _Event:
     device: int
-    eventData: int  # noqa: N815 - NVML's field name
+    eventData: int
 
 
 @dataclass
@@ -29,37 +29,37 @@ class RecordedNvml:
     events: list[_Event] = field(default_factory=list)
     broken: bool = False
     NVMLError: type[Exception] = NVMLError
-    nvmlEventTypeXidCriticalError: int = 8  # noqa: N815
+    nvmlEventTypeXidCriticalError: int = 8
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED: int = 1
     NVML_VOLATILE_ECC: int = 0
 
-    def nvmlInit(self) -> None:  # noqa: N802
+    def nvmlInit(self) -> None:
         pass
 
-    def nvmlEventSetCreate(self) -> str:  # noqa: N802
+    def nvmlEventSetCreate(self) -> str:
         return "set"
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         if self.broken:
             raise NVMLError("GPU is lost")
         return self.count
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
         return index
 
-    def nvmlDeviceRegisterEvents(self, handle: int, types: int, events: Any) -> None:  # noqa: N802
+    def nvmlDeviceRegisterEvents(self, handle: int, types: int, events: Any) -> None:
         pass
 
-    def nvmlDeviceGetTotalEccErrors(self, handle: int, kind: int, counter: int) -> int:  # noqa: N802
+    def nvmlDeviceGetTotalEccErrors(self, handle: int, kind: int, counter: int) -> int:
         assert (kind, counter) == (1, 0), "uncorrected, volatile"
         return self.ecc.get(handle, 0)
 
-    def nvmlEventSetWait(self, events: Any, timeout_ms: int) -> _Event:  # noqa: N802
+    def nvmlEventSetWait(self, events: Any, timeout_ms: int) -> _Event:
         if not self.events:
             raise NVMLError("Timeout")
         return self.events.pop(0)
 
-    def nvmlDeviceGetIndex(self, device: int) -> int:  # noqa: N802
+    def nvmlDeviceGetIndex(self, device: int) -> int:
         return device
 
 

@@ -35,8 +35,16 @@ def test_no_answer_changes_nothing() -> None:
     assert run([FAIL, None, FAIL, None, FAIL]) == [H.SUSPECT, H.SUSPECT, H.SUSPECT, H.SUSPECT, H.UNHEALTHY]
 
 
-def test_an_advisory_signal_makes_a_node_suspect_never_unhealthy() -> None:
+def test_an_advisory_signal_makes_a_node_suspect_never_unhealthy_and_clears_with_hysteresis() -> None:
     assert run([WARN] * 10, threshold=1) == [H.SUSPECT] * 10
+    assert run([WARN, OK, WARN, OK, OK, OK], recovery=2) == [
+        H.SUSPECT,
+        H.SUSPECT,
+        H.SUSPECT,
+        H.SUSPECT,
+        H.HEALTHY,
+        H.HEALTHY,
+    ]
 
 
 def test_reasons_name_each_signal_and_liveness_decides_whether_it_answers() -> None:

@@ -19,7 +19,7 @@ from raypod.capabilities.nodehealth.model import Level
 class _Agent(http.server.BaseHTTPRequestHandler):
     mode = "ok"
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         if _Agent.mode == "hang":
             time.sleep(3)
         status = 200 if _Agent.mode == "ok" else 503
@@ -72,10 +72,11 @@ def test_disk_below_the_minimum_fails_and_a_missing_path_is_unknown(tmp_path: ob
     assert signals.check_disk("/no/such/dir", min_free=1, threshold=3).level is None
 
 
-def test_memory_over_the_node_limit_fails_and_host_pressure_is_advisory() -> None:
-    assert signals.check_memory(None, 100, threshold=3).level is None
-    assert signals.check_memory(200 * 2**20, 100 * 2**20, threshold=3).level is Level.FAIL
-    assert signals.check_memory(50, 100, threshold=3).level is Level.OK
+def test_memory_over_the_node_budget_and_host_pressure_are_advisory() -> None:
+    assert signals.check_memory(None, 100).level is None
+    over = signals.check_memory(200 * 2**20, 100 * 2**20)
+    assert over.level is Level.WARN and "over its budget of 100 MiB" in over.detail
+    assert signals.check_memory(50, 100).level is Level.OK
     assert signals.check_host_memory(available=1, total=100).level is Level.WARN
     assert signals.check_host_memory(available=50, total=100).level is Level.OK
 

@@ -103,9 +103,11 @@ def _step(before: SignalState | None, result: SignalResult, recovery_threshold: 
         return replace(state, level=Level.WARN, detail=result.detail, failures=0, successes=0)
     successes = state.successes + 1
     failing = state.failing and successes < recovery_threshold
+    # An advisory signal clears with the same hysteresis, so a reading near its threshold does not flap.
+    warned = state.level is Level.WARN and successes < recovery_threshold
     return SignalState(
-        level=Level.OK,
-        detail=state.detail if failing else "",
+        level=Level.WARN if warned else Level.OK,
+        detail=state.detail if failing or warned else "",
         failures=0,
         successes=successes,
         failing=failing,

@@ -25,7 +25,7 @@ from raypod.capabilities.nodehealth.gpu import GpuHealth
 
 log = logging.getLogger(__name__)
 
-OBSERVED_THRESHOLD = 3  # disk and memory: three bad readings in a row
+DISK_THRESHOLD = 3  # low disk: three readings in a row
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,8 @@ class HealthMonitor:
             if node.phase is state.NodePhase.STARTING:
                 current = model.UNASSESSED
             elif node.phase is state.NodePhase.DEAD:
-                dead = model.SignalResult("process", model.Level.FAIL, node.reason or "node died")
+                signal = "process" if "process" in node.reason else "ray"
+                dead = model.SignalResult(signal, model.Level.FAIL, node.reason or "node died")
                 current = model.assess(previous, [dead], recovery_threshold=policy.recovery_threshold)
             else:
                 results = [host_memory, *self._node_signals(view, node, limits.get(node.name))]
@@ -127,11 +128,9 @@ class HealthMonitor:
         policy = view.spec.recovery
         found = []
         if node.session_dir:
-            found.append(
-                signals.check_disk(node.session_dir, min_free=policy.min_free_disk, threshold=OBSERVED_THRESHOLD)
-            )
+            found.append(signals.check_disk(node.session_dir, min_free=policy.min_free_disk, threshold=DISK_THRESHOLD))
         if memory_limit is not None:
-            found.append(signals.check_memory(node.rss_bytes, memory_limit, threshold=OBSERVED_THRESHOLD))
+            found.append(signals.check_memory(node.memory_bytes, memory_limit))
         wanted_gpus = next((n.gpus for n in view.spec.desired_nodes() if n.name == node.name), 0)
         if wanted_gpus and self.gpus is not None:
             found.append(self.gpus.check(wanted_gpus))
