@@ -54,6 +54,21 @@ def test_jobs_submit_list_get_logs_stop(sdk: Client, backend: FakeBackend) -> No
         sdk.jobs.get("rj-0000000000")
 
 
+def test_an_attempt_ray_lost_with_its_head_is_failed_and_retried(sdk: Client, backend: FakeBackend) -> None:
+    view = ready_cluster(sdk)
+    job = sdk.jobs.submit("demo", spec_mod.JobSpec(entrypoint="python train.py", max_retries=1, backoff_s=0))
+    # The head is replaced without GCS fault tolerance: the new head's Ray has never heard of the submission.
+    backend.ray_jobs[view.uid].clear()
+    for _ in range(200):
+        current = sdk.jobs.get(job.id)
+        if len(current.attempts) == 2:
+            break
+        time.sleep(0.05)
+    assert len(current.attempts) == 2, current
+    assert current.attempts[0].status == "FAILED" and "head was replaced" in current.attempts[0].message
+    assert current.status in (state.JobStatus.RUNNING, state.JobStatus.PENDING)
+
+
 def test_working_dir_upload_returns_a_ray_package_uri(sdk: Client) -> None:
     ready_cluster(sdk)
     uri = sdk.jobs.upload_working_dir("demo", [("proj/train.py", b"print(1)\n"), ("proj/data/x.txt", b"x")])

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 IMPORT_INTERVAL_S = 3.0
 IMPORTED_PHASES = frozenset({state.ClusterPhase.READY, state.ClusterPhase.DEGRADED})
+LOST_ATTEMPT = "Ray has no record of this attempt: the cluster's head was replaced and its job table with it"
 
 
 class JobSupervisor:
@@ -94,7 +95,12 @@ class JobSupervisor:
                 self.jobs.records.save(job.model_copy(update={"status": state.JobStatus.STOPPED}))
             return
         current = job.attempts[-1]
-        info = self.jobs.api(view).info(current.submission_id)
+        try:
+            info = self.jobs.api(view).info(current.submission_id)
+        except errors.NotFound:
+            # Ray answers but has no record of it: the head was replaced without GCS fault tolerance and its job
+            # table went with it. The attempt is lost, which counts as failed (and is retried per its policy).
+            info = {"status": "FAILED", "message": LOST_ATTEMPT}
         current.status, current.message = str(info.get("status", "")), str(info.get("message") or "")[:500]
         decision, when = retry.decide(job, current.status, now)
         if decision is retry.Decision.WAIT:
