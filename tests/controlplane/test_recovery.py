@@ -164,3 +164,24 @@ def test_a_replace_request_survives_a_server_restart_and_is_carried_out_once(db:
     assert db.node_requests(uid) == [], "a carried-out request is cleared"
     assert view.status.phase is Phase.READY
     assert [call for call in backend.calls if call[0] == "create" and call[2] == "cpu-1"].__len__() == 2
+
+
+def test_a_node_that_cannot_be_replaced_leaves_the_cluster_degraded_with_the_reason_not_a_crash_loop(
+    db: store.Store, tmp_path: Path
+) -> None:
+    backend = fake.FakeBackend()
+    uid = db.insert(make_spec(tmp_path, health_checks=[])).uid
+    reconciler = reconciler_for(db, backend)
+    settle(reconciler)
+    backend.no_capacity.add("cpu-1")
+    backend.kill(uid, "cpu-1")
+    view = settle(reconciler, passes=40)
+    assert view.status.phase is Phase.DEGRADED
+    assert "not enough free memory to start node cpu-1" in view.status.message
+    failure = view.status.condition("ReplicaFailure")
+    assert failure is not None and failure.status
+    # Failed creates back off (1 s, 2 s, ...): 40 passes at full speed try only once or twice.
+    assert 1 <= sum(1 for call in backend.calls if call == ("create-refused", uid, "cpu-1")) <= 2
+    backend.no_capacity.clear()
+    reconciler._failures.clear()  # the backoff has passed
+    assert settle(reconciler).status.phase is Phase.READY

@@ -33,6 +33,7 @@ class FakeBackend:
         self.nodes: dict[str, dict[str, state.ObservedNode]] = {}
         self.calls: list[tuple[str, str, str]] = []
         self.fail_next_create: str | None = None
+        self.no_capacity: set[str] = set()  # node names whose every create fails, as on a full host
         self.held_starting: set[str] = set()  # node names that stay Starting until removed from this set
         self.unreachable: set[str] = set()  # clusters whose GCS does not answer (see ``set_gcs_reachable``)
         self.ray_jobs: dict[str, dict[str, dict[str, Any]]] = {}
@@ -78,6 +79,9 @@ class FakeBackend:
             if self.fail_next_create == node.name:
                 self.fail_next_create = None
                 raise errors.TransientError(f"injected failure creating {node.name}")
+            if node.name in self.no_capacity:
+                self.calls.append(("create-refused", cluster_id, node.name))
+                raise errors.TransientError(f"not enough free memory to start node {node.name}")
             self.calls.append(("create", cluster_id, node.name))
             self._incarnations += 1
             self.nodes.setdefault(cluster_id, {})[node.name] = state.ObservedNode(

@@ -47,7 +47,7 @@ INCARNATION_LABEL = "raypod.io/incarnation"
 HEAD_OVERHEAD_BYTES = 1800 * 2**20
 WORKER_OVERHEAD_BYTES = 350 * 2**20
 STOP_GRACE_S = 3.0
-MEMORY_SAMPLE_S = 5.0
+MEMORY_SAMPLE_S = 15.0
 NODE_PORTS = (
     "agent_port",
     "metrics_port",
@@ -56,6 +56,9 @@ NODE_PORTS = (
     "runtime_env_agent_port",
     "agent_grpc_port",
 )
+
+# Ray Train polls its workers every 2 s by default; a lost worker is noticed sooner at 1 s, for little cost.
+RAY_TRAIN_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "1"}
 
 # GCS health checks that mark a lost node DEAD in about a second instead of ~15 s (measured, see docs).
 FAST_HEALTH_CHECKS = {
@@ -107,6 +110,7 @@ class LocalBackend:
         self._gcs_clients: dict[str, tuple[int, Any]] = {}
         self._gcs_errors: dict[str, str] = {}
         self._memory_samples: dict[str, tuple[float, dict[str, int | None]]] = {}
+        self._inside: dict[int, tuple[int, float]] = {}
         self._http = httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
         gpus = _count_gpus()
         self.features = frozenset(
@@ -342,17 +346,14 @@ class LocalBackend:
         if record is None or not _is_alive(record):
             raise errors.NotFound(f"node {name} is not running")
         try:
-            node_process = psutil.Process(record.pid)
-            environment = node_process.environ()
-            inner = node_process.children()
+            environment = psutil.Process(record.pid).environ()
         except (psutil.NoSuchProcess, psutil.AccessDenied) as exc:
             raise errors.NotFound(f"node {name} is not running") from exc
         argv = ["/bin/sh", "-c", command]
         if self.sandbox:
-            if not inner:
-                raise errors.TransientError(f"node {name} is still starting")
+            inside = self._inside_pid(record)
             drop = ["--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs"]
-            argv = ["nsenter", f"--target={inner[0].pid}", "--mount", "--pid", "--", "setpriv", *drop, "--", *argv]
+            argv = ["nsenter", f"--target={inside}", "--mount", "--pid", "--", "setpriv", *drop, "--", *argv]
         return commands.run_command(argv, timeout_s=timeout_s, env=environment, cwd="/")
 
     def release(self, cluster_id: str) -> None:
@@ -473,6 +474,8 @@ class LocalBackend:
         env.update(ray_auth_environment(self.ray_token(cluster_id)))
         if self.fast_health_checks and node.is_head:
             env.update(FAST_HEALTH_CHECKS)
+        for key, value in RAY_TRAIN_DEFAULTS.items():
+            env.setdefault(key, value)  # after node.env: a spec's own setting wins
         if node.is_head:
             env.update(config.MonitoringEndpoints.read(self.home).ray_dashboard_env())
         cluster = self._read_cluster(cluster_id)
@@ -491,6 +494,21 @@ class LocalBackend:
         for pid, child in list(self._children.items()):
             if child.poll() is not None:
                 del self._children[pid]
+
+    def _inside_pid(self, record: _NodeRecord) -> int:
+        """A process inside a sandboxed node's namespaces: the first child of its ``unshare`` (found once; a
+        process listing costs a scan of every process on the host)."""
+        cached = self._inside.get(record.pid)
+        if cached is not None and psutil.pid_exists(cached[0]) and cached[1] == record.create_time:
+            return cached[0]
+        try:
+            children = psutil.Process(record.pid).children()
+        except psutil.NoSuchProcess as exc:
+            raise errors.NotFound(f"node {record.name} is not running") from exc
+        if not children:
+            raise errors.TransientError(f"node {record.name} is still starting")
+        self._inside[record.pid] = (children[0].pid, record.create_time)
+        return children[0].pid
 
     # -- GCS fault tolerance: the Redis raypod runs -----------------------------------------------------------
 
@@ -725,18 +743,38 @@ def _create_time(pid: int) -> float:
         return 0.0
 
 
+_MARKERS: dict[tuple[int, float], tuple[str, str] | None] = {}  # (pid, start time) -> (cluster, node)
+_MARKERS_LOCK = threading.Lock()
+
+
 def _processes_by_node(cluster_id: str) -> dict[str, list[psutil.Process]]:
-    """Every live process that carries this cluster's marker, by node name (children inherit the marker)."""
+    """Every live process that carries this cluster's marker, by node name (children inherit the marker).
+
+    A process's environment is read once: it is cached by pid and start time, which together name one process
+    for good. Reading every environment on every pass cost the control plane a good part of a core."""
     found: dict[str, list[psutil.Process]] = {}
+    alive: set[tuple[int, float]] = set()
     for process in psutil.process_iter():
         try:
-            if process.status() == psutil.STATUS_ZOMBIE:
+            key = (process.pid, process.create_time())
+            alive.add(key)
+            with _MARKERS_LOCK:
+                known = key in _MARKERS
+                marker = _MARKERS.get(key)
+            if not known:
+                environment = process.environ()
+                cluster = environment.get(CLUSTER_MARKER)
+                marker = (cluster, environment.get(NODE_MARKER, "?")) if cluster else None
+                with _MARKERS_LOCK:
+                    _MARKERS[key] = marker
+            if marker is None or marker[0] != cluster_id or process.status() == psutil.STATUS_ZOMBIE:
                 continue
-            environment = process.environ()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue
-        if environment.get(CLUSTER_MARKER) == cluster_id:
-            found.setdefault(environment.get(NODE_MARKER, "?"), []).append(process)
+        found.setdefault(marker[1], []).append(process)
+    with _MARKERS_LOCK:
+        for gone in [key for key in _MARKERS if key not in alive]:
+            del _MARKERS[gone]
     return found
 
 

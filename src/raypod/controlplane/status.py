@@ -108,6 +108,8 @@ def derive_status(
     else:
         phase, message = state.ClusterPhase.PROVISIONING, counts
 
+    if phase is state.ClusterPhase.DEGRADED and failures:
+        message += f" (cannot yet: {failures[0].error})"
     conditions = [
         _condition(
             previous,
