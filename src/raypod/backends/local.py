@@ -95,6 +95,7 @@ class _NodeRecord:
     create_time: float = 0.0
     drain_deadline: float | None = None
     temp_dir: str = ""  # the node's own session/spill root (a worker's; the head uses the cluster's)
+    registered: bool = False  # seen alive in the GCS at least once
 
 
 class LocalBackend:
@@ -165,7 +166,12 @@ class LocalBackend:
             return state.ObservedCluster(stray_nodes=frozenset(processes))
         self._expire_quarantine(cluster_id)
         head = next((r for r in records.values() if r.is_head), None)
-        table = self._ray_nodes(cluster_id, cluster) if head and _is_alive(head) else _GcsTable({})
+        table = self._ray_nodes(cluster_id, cluster) if head and _is_alive(head) else _GcsTable({}, head_down=True)
+        for record in records.values():
+            found = table.nodes.get(record.incarnation)
+            if found is not None and found.alive and not record.registered:
+                record.registered = True
+                self._write_node(cluster_id, record)
         memory = self._memory_of(cluster_id, processes)
         nodes = {name: _observe_node(record, table, cluster, memory.get(name)) for name, record in records.items()}
         return state.ObservedCluster(
@@ -197,7 +203,7 @@ class LocalBackend:
         """
         if not _ports.is_listening(cluster.gcs_port):
             self._note_gcs(cluster_id, None)
-            return _GcsTable({})
+            return _GcsTable({}, head_down=True)
         try:
             with self._as_cluster(cluster_id):
                 client = self._gcs_client(cluster_id, cluster.gcs_port)
@@ -681,6 +687,7 @@ class _GcsTable:
 
     nodes: dict[str, _RayNode]
     error: str | None = None
+    head_down: bool = False  # no GCS to ask: the head is starting, restarting or gone
 
 
 def _memory(processes: list[psutil.Process]) -> int | None:
@@ -702,6 +709,9 @@ def _observe_node(
         phase, reason = state.NodePhase.DEAD, "node process exited"
     elif table.error is not None:
         phase, reason = state.NodePhase.UNKNOWN, "the GCS does not answer: the node's state in Ray is unknown"
+    elif ray_node is None and table.head_down and record.registered and not record.is_head:
+        # It had joined; with no GCS to ask, its state in Ray is unknown (with GCS fault tolerance it rejoins).
+        phase, reason = state.NodePhase.UNKNOWN, "the head is down: waiting for its GCS to ask about this node"
     elif ray_node is None:
         phase, reason = state.NodePhase.STARTING, "waiting for the node to register with the GCS"
     elif not ray_node.alive:

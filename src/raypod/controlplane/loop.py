@@ -204,7 +204,7 @@ class Reconciler:
         wanted = {node.name for node in view.spec.desired_nodes()}
         for node in after.nodes:
             was = previous.get(node.name)
-            if node.phase is state.NodePhase.RUNNING and was is not state.NodePhase.RUNNING:
+            if node.phase is state.NodePhase.RUNNING and was not in (state.NodePhase.RUNNING, state.NodePhase.UNKNOWN):
                 self._record(
                     view,
                     state.EventType.NORMAL,
