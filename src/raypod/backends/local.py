@@ -543,6 +543,9 @@ class LocalBackend:
             "appendfsync everysec",
             f'dir "{directory}"',
             "daemonize no",
+            # Redis rewrites its process title over its environment by default, which would erase the cluster
+            # marker that lets raypod find (and stop) it.
+            "set-proc-title no",
         ]
         descriptor = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w") as handle:
