@@ -263,7 +263,7 @@ def test_a_group_at_its_replacement_limit_is_left_as_it_is_unless_an_operator_as
     assert run(spec(), dead, recovery=recovery(held_groups=held, replace_requested=frozenset({"cpu-0"})))[0] == (
         "DeleteNode",
         "cpu-0",
-        "RemovedDeadNode",
+        "RemovedOnRequest",
     )
     # Another group's limit does not hold this one.
     assert run(spec(), dead, recovery=recovery(held_groups=frozenset({"headgroup"})))[0][2] == "RemovedDeadNode"

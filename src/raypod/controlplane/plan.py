@@ -124,6 +124,12 @@ def _recover(
         return None
     quarantine = desired.recovery.quarantine_s
     if node.phase is state.NodePhase.DEAD:
+        if requested:  # drained on an operator's request, Ray let it exit
+            message = f"an operator asked to replace it; {node.reason}"
+            return actions.DeleteNode(name, "RemovedOnRequest", message, quarantine)
+        if node.drain_deadline is not None:  # drained because it was unhealthy; Ray let it exit once idle
+            message = f"drained after it became unhealthy, then {node.reason or 'it exited'}"
+            return actions.DeleteNode(name, "RemovedUnhealthyNode", message, quarantine)
         return actions.DeleteNode(name, "RemovedDeadNode", node.reason or "node died", quarantine)
     if (
         node.phase is state.NodePhase.STARTING
