@@ -142,6 +142,20 @@ def test_node_lifecycle(harness: Harness) -> None:
     wait_for(harness, lambda s: s.gcs_reachable and s.nodes[WORKER.name].phase is Phase.RUNNING, "GCS back")
     assert backend.observe(cid).nodes["head"].pid == head.pid, "the head was restarted"
 
+    # A command runs where the node runs, bounded by its timeout, with the node's name in its environment.
+    ran = backend.run_on_node(cid, WORKER.name, 'echo "on $RAYPOD_NODE$RAYPOD_NODE_NAME"; exit 3', 10)
+    assert (ran.exit_code, ran.output.strip()) == (3, f"on {WORKER.name}")
+    assert backend.run_on_node(cid, WORKER.name, "sleep 30", 0.5).exit_code is None
+
+    # A replacement is a new incarnation, and a quarantined slot (the local backend's ports) is not reused.
+    first = backend.observe(cid).nodes[WORKER.name]
+    assert first.incarnation
+    backend.delete_node(cid, WORKER.name, quarantine_s=60)
+    backend.create_node(cid, WORKER)
+    second = wait_for(harness, phase(WORKER.name, Phase.RUNNING), "replacement running").nodes[WORKER.name]
+    assert second.incarnation != first.incarnation
+    assert second.agent_endpoint != first.agent_endpoint or first.agent_endpoint is None
+
     running = backend.observe(cid).nodes[WORKER.name]
     assert running.ray_node_id
     backend.drain_node(cid, WORKER.name, running.ray_node_id, time.time() + 30, "contract test")
