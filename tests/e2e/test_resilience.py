@@ -1,5 +1,5 @@
-"""Chaos on real clusters (issue 13): nodes killed, frozen, failing their checks; a head killed under GCS fault
-tolerance; the control plane killed in the middle of a replacement. Every test asserts on events and final state
+"""Chaos on real clusters (issue 13): nodes killed, frozen, cut off the network, failing their checks; a head
+killed under GCS fault tolerance; the control plane killed in the middle of a replacement. Every test asserts on events and final state
 (processes, Ray's own view, a training run's result), waiting on them with deadlines, never on fixed sleeps.
 
 Sized for a 2-core host: one server, a 1 + 2 node training cluster shared by the first tests, and small clusters
@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -250,6 +251,7 @@ def test_a_failing_health_check_replaces_the_node_and_one_that_always_fails_hits
         assert seen.count("RemovedUnhealthyNode") == 2 and seen.count("DrainingUnhealthyNode") == 2, seen
         unhealthy = next(e for e in events_since(api, "checked", broken_at, "cpu-0") if e.reason == "NodeUnhealthy")
         assert "check:marker: exit 1" in unhealthy.message
+
         def held_unhealthy() -> state.ClusterView | None:
             view = api.clusters.get("checked")
             cpu0 = next(n for n in view.status.nodes if n.name == "cpu-0")
@@ -319,3 +321,32 @@ def _port_of(process: psutil.Process) -> int | None:
         return next((c.laddr.port for c in process.net_connections() if c.status == psutil.CONN_LISTEN), None)
     except psutil.Error:
         return None
+
+
+@pytest.mark.skipif(
+    shutil.which("iptables") is None or os.geteuid() != 0, reason="cutting a node off needs iptables and root"
+)
+def test_a_node_cut_off_from_the_network_is_detected_and_replaced_on_fresh_ports(
+    server: RaypodServer, training: state.ClusterView
+) -> None:
+    """Every port the node listens on drops what comes in on loopback (the only network here), so neither its
+    GCS nor raypod can reach it although all its processes run. A network namespace cannot be used for this on
+    one host: the node's GCS address is the host's loopback, which a namespace of its own would not have."""
+    record = json.loads((server.home / "local" / training.uid / "nodes" / "cpu-1.json").read_text())
+    ports = [record[key] for key in local.NODE_PORTS]
+    rules = [["INPUT", "-i", "lo", "-p", "tcp", "--dport", str(port), "-j", "DROP"] for port in ports]
+    with server.client() as api:
+        api.clusters.wait_ready("resilient", timeout=120)
+        cut_at = time.time()
+        for rule in rules:
+            subprocess.run(["iptables", "-I", *rule], check=True)
+        try:
+            wait_until(lambda: "NodeStarted" in reasons_since(api, "resilient", cut_at, "cpu-1"), "a new cpu-1", 180)
+        finally:
+            for rule in rules:
+                subprocess.run(["iptables", "-D", *rule], check=False)
+        unhealthy = next(e for e in events_since(api, "resilient", cut_at, "cpu-1") if e.reason == "NodeUnhealthy")
+        assert unhealthy.time.timestamp() - cut_at < 15
+        api.clusters.wait_ready("resilient", timeout=60)
+    fresh = json.loads((server.home / "local" / training.uid / "nodes" / "cpu-1.json").read_text())
+    assert not set(ports) & {fresh[key] for key in local.NODE_PORTS}, "the replacement reused quarantined ports"
