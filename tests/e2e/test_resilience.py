@@ -179,6 +179,39 @@ def test_a_training_run_survives_a_killed_worker_node_with_the_same_result(
         assert {n.health for n in view.status.nodes} == {state.NodeHealthState.HEALTHY}
 
 
+def test_a_resubmitted_job_resumes_from_its_last_checkpoint(server: RaypodServer, training: state.ClusterView) -> None:
+    """``raypod job submit --max-retries``: the driver dies mid-run, raypod resubmits, and the new attempt's Ray
+    Train run (same name and storage) starts from the newest checkpoint of the first."""
+    script = (SCRIPTS / "resilient_train_script.py").read_bytes()
+    with server.client() as api:
+        uri = api.jobs.upload_working_dir("resilient", [("train/resilient_train_script.py", script)])
+        job = api.jobs.submit(
+            "resilient",
+            spec_mod.JobSpec(
+                entrypoint="python resilient_train_script.py again 8 0.3",
+                runtime_env={"working_dir": uri},
+                max_retries=1,
+                backoff_s=0,
+            ),
+        )
+        wait_until(lambda: [p for p in progress(training, "again") if p["step"] >= 3], "step 3", 300)
+        drivers = [
+            p
+            for p in node_processes(training.uid, "head")
+            if "resilient_train_script.py again" in " ".join(p.cmdline())
+        ]
+        assert drivers, "the job's driver was not found on the head"
+        killed_at = time.time()
+        for driver in drivers:
+            driver.kill()
+        result = result_of(api, job)
+        finished = api.jobs.get(job.id)
+        assert [a.status for a in finished.attempts] == ["FAILED", "SUCCEEDED"]
+        second = [p for p in progress(training, "again") if p["time"] > killed_at]
+        assert second and min(p["start"] for p in second) >= 1, "the resubmitted run started from scratch"
+        assert result["step"] == 7
+
+
 def test_a_frozen_raylet_is_detected_and_replaced(server: RaypodServer, training: state.ClusterView) -> None:
     with server.client() as api:
         api.clusters.wait_ready("resilient", timeout=120)
