@@ -1,6 +1,7 @@
 """Chaos on real clusters (issue 13): nodes killed, frozen, cut off the network, failing their checks; a head
-killed under GCS fault tolerance; the control plane killed in the middle of a replacement. Every test asserts on events and final state
-(processes, Ray's own view, a training run's result), waiting on them with deadlines, never on fixed sleeps.
+killed under GCS fault tolerance; the control plane killed in the middle of a replacement. Every test asserts on
+events and final state (processes, Ray's own view, a training run's result), waiting on them with deadlines,
+never on fixed sleeps.
 
 Sized for a 2-core host: one server, a 1 + 2 node training cluster shared by the first tests, and small clusters
 of their own for the health check and GCS fault tolerance tests, each deleted when its test ends.
