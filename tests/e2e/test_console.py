@@ -114,6 +114,7 @@ def test_console_journey(page: playwright_sync.Page, raypod_server: RaypodServer
     nodes = page.get_by_test_id("nodes-table")
     expect(nodes.locator("tr[data-node=head]")).to_contain_text("600Mi")
     expect(nodes.locator("tr[data-node=workers-0]")).to_contain_text("Running")
+    expect(nodes.locator("tr[data-node=workers-0]").get_by_test_id("node-health")).to_have_text("Healthy")
     expect(page.get_by_test_id("events")).to_contain_text("CreatedHead")
     expect(page.get_by_text(f"--address raypod://{CLUSTER}")).to_be_visible()
     shot("cluster-ready")

@@ -68,6 +68,8 @@ def test_cluster_page_shows_nodes_snippets_manifest_and_escapes_user_text(
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
     for node in ("head", "cpu-0", "cpu-1"):
         assert f'<tr data-node="{node}">' in page.text
+    health = re.findall(r'data-testid="node-health"><span class="badge (\w+)">(\w+)</span>', page.text)
+    assert health == [("healthy", "Healthy")] * 3
     assert "ray job submit --address raypod://demo --working-dir ." in page.text
     assert 'JobSubmissionClient("raypod://demo")' in html.unescape(page.text)
     assert 'href="/clusters/default/demo/"' in page.text
