@@ -71,7 +71,13 @@ class HealthMonitor:
         limits = self._memory_limits(view)
         host = psutil.virtual_memory()
         host_memory = signals.check_host_memory(host.available, host.total)
-        live = [n for n in observed.nodes.values() if n.phase in (state.NodePhase.RUNNING, state.NodePhase.DRAINING)]
+        # Nodes on their way out (a scale-down, a deletion) are not assessed: their end is not a health event.
+        wanted = set() if view.deleting else {node.name for node in view.spec.desired_nodes()}
+        live = [
+            n
+            for n in observed.nodes.values()
+            if n.phase in (state.NodePhase.RUNNING, state.NodePhase.DRAINING) and n.name in wanted
+        ]
         agent_answers = {
             node.name: self._probes.submit(
                 signals.probe_agent,
@@ -86,6 +92,8 @@ class HealthMonitor:
         healths: dict[str, model.NodeHealth] = {}
         transitions: list[Transition] = []
         for node in observed.nodes.values():
+            if node.name not in wanted:
+                continue
             key = (view.uid, node.name)
             with self._lock:
                 incarnation, previous = self._health.get(key, ("", model.UNASSESSED))
