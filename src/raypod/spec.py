@@ -239,9 +239,9 @@ class HealthCheckSpec(_Strict):
 class RecoverySpec(_Strict):
     """Thresholds of the node health model and limits of automatic recovery (docs/resilience.md)."""
 
-    probe_timeout_s: float = Field(1.0, gt=0, le=30, description="Timeout of the node agent's liveness probe.")
+    probe_timeout_s: float = Field(2.0, gt=0, le=30, description="Timeout of the node agent's liveness probe.")
     probe_failure_threshold: int = Field(
-        3, ge=1, le=100, description="Failed probes in a row (one per reconcile pass) that make a node unhealthy."
+        5, ge=1, le=100, description="Failed probes in a row (one per reconcile pass) that make a node unhealthy."
     )
     recovery_threshold: int = Field(
         2, ge=1, le=100, description="Good answers in a row a failing signal needs before it counts as healthy."

@@ -233,7 +233,7 @@ def test_a_job_cannot_read_raypods_secrets_or_another_clusters_files_or_reach_it
             "token = os.environ.get('RAY_AUTH_TOKEN', '')\n"
             "print('token-sha', hashlib.sha256(token.encode()).hexdigest())\n"
             "print('raypod-vars', sorted(k for k in os.environ if k.startswith('RAYPOD_') and k not in "
-            "('RAYPOD_CLUSTER_ID', 'RAYPOD_NODE_NAME')))\n"
+            "('RAYPOD_CLUSTER_ID', 'RAYPOD_NODE_NAME', 'RAYPOD_SHARED_DIR')))\n"
             "for path in sys.argv[2:]:\n"
             "    try:\n"
             "        found = os.listdir(path) if os.path.isdir(path) else open(path, 'rb').read(16)\n"
