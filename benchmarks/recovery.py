@@ -118,11 +118,18 @@ def raypod_figures(kills: int) -> dict[str, Any]:
                 # Two steps of training after the previous recovery (or the start), on a Ready cluster.
                 wait(lambda last=last: len(steps_after(run_dir, last)) >= 4, "steps")
                 api.clusters.wait_ready("recovery", timeout=120)
-                victim = read_progress(run_dir / "progress.jsonl")[-1]["node"]
+                latest = read_progress(run_dir / "progress.jsonl")[-1]
+                victim, attempt_start = latest["node"], latest["start"]
                 killed_at = kill_all(
                     [p for p in marked(local.CLUSTER_MARKER, view.uid) if p.environ().get(local.NODE_MARKER) == victim]
                 )
-                resumed = wait(lambda killed_at=killed_at: steps_after(run_dir, killed_at), "resume")[0]
+                # The first step of the new attempt: a survivor may still finish the step it was in.
+                resumed = wait(
+                    lambda killed_at=killed_at, before=attempt_start: [
+                        p for p in steps_after(run_dir, killed_at) if p["start"] != before
+                    ],
+                    "resume",
+                )[0]
                 row = {
                     "node": victim,
                     "detect_s": round(event_after(api, "NodeUnhealthy", victim, killed_at) - killed_at, 2),
@@ -194,7 +201,9 @@ def ray_alone_figures(bound_s: float) -> dict[str, Any]:
         killed_at = kill_all(marked("BENCH_NODE", "w2"))
         try:
             resumed = wait(
-                lambda: [p for p in read_progress(progress_file) if p["time"] > killed_at], "resume", bound_s
+                lambda: [p for p in read_progress(progress_file) if p["time"] > killed_at and p["start"] > 0],
+                "resume",
+                bound_s,
             )
             return {"ray_alone_resume_s": round(resumed[0]["time"] - killed_at, 2), "ray_alone_resumed": True}
         except TimeoutError:
