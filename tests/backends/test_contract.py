@@ -146,6 +146,13 @@ def test_node_lifecycle(harness: Harness) -> None:
     ran = backend.run_on_node(cid, WORKER.name, 'echo "on $RAYPOD_NODE$RAYPOD_NODE_NAME"; exit 3', 10)
     assert (ran.exit_code, ran.output.strip()) == (3, f"on {WORKER.name}")
     assert backend.run_on_node(cid, WORKER.name, "sleep 30", 0.5).exit_code is None
+    if isinstance(backend, local.LocalBackend) and backend.sandbox:
+        # A user's health check runs as the node does: raypod's home is not visible, and no capability is held.
+        (backend.home / "credentials").write_text("secret")
+        peek = backend.run_on_node(
+            cid, WORKER.name, f"cat {backend.home}/credentials; grep CapEff /proc/self/status", 10
+        )
+        assert "secret" not in peek.output and "0000000000000000" in peek.output, peek.output
 
     # A replacement is a new incarnation, and a quarantined slot (the local backend's ports) is not reused.
     first = backend.observe(cid).nodes[WORKER.name]
