@@ -60,10 +60,11 @@ NODE_PORTS = (
 # Ray Train polls its workers every 2 s by default; a lost worker is noticed sooner at 1 s, for little cost.
 RAY_TRAIN_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "1"}
 
-# GCS health checks that mark a lost node DEAD in seconds instead of ~15 s (measured, see docs). Five misses, not
-# three: a raylet starved of CPU for a few seconds on a saturated host must not be declared dead.
+# GCS health checks that mark a lost node DEAD in seconds instead of ~15 s (measured, see docs/resilience.md): a
+# killed raylet refuses at once, so five checks 250 ms apart take ~1.3 s; a frozen one times out five times (~6 s).
+# Five misses, not three: a raylet starved of CPU for a few seconds on a saturated host is not a dead one.
 FAST_HEALTH_CHECKS = {
-    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_period_ms": "250",
     "RAY_health_check_failure_threshold": "5",
     "RAY_health_check_timeout_ms": "1000",
     "RAY_health_check_initial_delay_ms": "1000",
