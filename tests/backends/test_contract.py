@@ -143,7 +143,7 @@ def test_node_lifecycle(harness: Harness) -> None:
     assert backend.observe(cid).nodes["head"].pid == head.pid, "the head was restarted"
 
     # A command runs where the node runs, bounded by its timeout, with the node's name in its environment.
-    ran = backend.run_on_node(cid, WORKER.name, 'echo "on $RAYPOD_NODE$RAYPOD_NODE_NAME"; exit 3', 10)
+    ran = backend.run_on_node(cid, WORKER.name, 'echo "on $RAYPOD_NODE_NAME"; exit 3', 10)
     assert (ran.exit_code, ran.output.strip()) == (3, f"on {WORKER.name}")
     assert backend.run_on_node(cid, WORKER.name, "sleep 30", 0.5).exit_code is None
     if isinstance(backend, local.LocalBackend) and backend.sandbox:

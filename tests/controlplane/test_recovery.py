@@ -26,7 +26,7 @@ def make_spec(tmp_path: Path, **extra: object) -> spec_mod.ClusterSpec:
     # The check fails for a node while a file named after it exists: the test breaks and mends nodes at will.
     check = {
         "name": "marker",
-        "command": f"test ! -e {tmp_path}/bad-$RAYPOD_NODE",
+        "command": f"test ! -e {tmp_path}/bad-$RAYPOD_NODE_NAME",
         "period_s": 1,
         "timeout_s": 1,
         "failure_threshold": 1,

@@ -108,12 +108,12 @@ class FakeBackend:
                 self.quarantined.append((cluster_id, name, quarantine_s))
 
     def run_on_node(self, cluster_id: str, name: str, command: str, timeout_s: float) -> CommandResult:
-        """Runs the command for real, on this host, with the node's name in ``RAYPOD_NODE``."""
+        """Runs the command for real, on this host, with the node's name in ``RAYPOD_NODE_NAME``, as on a real node."""
         with self._lock:
             if name not in self.nodes.get(cluster_id, {}):
                 raise errors.NotFound(f"no node {name}")
         return run_command(
-            ["/bin/sh", "-c", command], timeout_s=timeout_s, env={"RAYPOD_NODE": name, "PATH": "/usr/bin:/bin"}
+            ["/bin/sh", "-c", command], timeout_s=timeout_s, env={"RAYPOD_NODE_NAME": name, "PATH": "/usr/bin:/bin"}
         )
 
     def set_gcs_reachable(self, cluster_id: str, reachable: bool) -> None:
