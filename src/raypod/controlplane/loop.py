@@ -11,6 +11,7 @@ from raypod import actions, state
 from raypod import spec as spec_mod
 from raypod.backends import base
 from raypod.capabilities.nodehealth import model as health_model
+from raypod.capabilities.nodehealth.gpu import GpuHealth
 from raypod.capabilities.nodehealth.monitor import HealthMonitor, Transition
 from raypod.capabilities.observability import metrics
 from raypod.controlplane import execute, plan, status, store
@@ -36,7 +37,8 @@ class Reconciler:
     ) -> None:
         self.store = db
         self.backend = backend
-        self.health = health or HealthMonitor(backend)
+        gpus = GpuHealth.from_host() if base.Feature.GPUS in backend.features else None
+        self.health = health or HealthMonitor(backend, gpus=gpus)
         self.interval_s = interval_s
         self.settings = settings
         self.gcs_unreachable_timeout_s = gcs_unreachable_timeout_s

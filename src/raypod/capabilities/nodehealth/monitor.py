@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import httpx
 import psutil
 
+from raypod import spec as spec_mod
 from raypod import state
 from raypod.backends import base
 from raypod.backends.commands import CommandResult
@@ -33,7 +34,6 @@ class Transition:
     """A node's health changed to a state worth an event (suspect, unhealthy, or healthy again)."""
 
     node: str
-    before: state.NodeHealthState
     after: model.NodeHealth
 
 
@@ -68,11 +68,10 @@ class HealthMonitor:
     ) -> tuple[dict[str, model.NodeHealth], list[Transition]]:
         """This pass's health of every observed node, and the transitions since the last pass."""
         policy = view.spec.recovery
-        limits = self._memory_limits(view)
         host = psutil.virtual_memory()
         host_memory = signals.check_host_memory(host.available, host.total)
         # Nodes on their way out (a scale-down, a deletion) are not assessed: their end is not a health event.
-        wanted = set() if view.deleting else {node.name for node in view.spec.desired_nodes()}
+        wanted = {} if view.deleting else {node.name: node for node in view.spec.desired_nodes()}
         live = [
             n
             for n in observed.nodes.values()
@@ -109,7 +108,7 @@ class HealthMonitor:
                 dead = model.SignalResult(signal, model.Level.FAIL, node.reason or "node died")
                 current = model.assess(previous, [dead], recovery_threshold=policy.recovery_threshold)
             else:
-                results = [host_memory, *self._node_signals(view, node, limits.get(node.name))]
+                results = [host_memory, *self._node_signals(policy, node, wanted[node.name])]
                 if node.name in agent_answers:
                     results.append(agent_answers[node.name].result())
                 results.extend(self._user_checks(view, node))
@@ -118,7 +117,7 @@ class HealthMonitor:
                 self._health[key] = (node.incarnation, current)
             healths[node.name] = current
             if _worth_an_event(previous.state, current.state):
-                transitions.append(Transition(node.name, previous.state, current))
+                transitions.append(Transition(node.name, current))
         self._forget_nodes(view.uid, set(observed.nodes))
         return healths, transitions
 
@@ -131,17 +130,15 @@ class HealthMonitor:
         self._http.close()
 
     def _node_signals(
-        self, view: state.ClusterView, node: state.ObservedNode, memory_limit: int | None
+        self, policy: spec_mod.RecoverySpec, node: state.ObservedNode, wanted: spec_mod.NodeSpec
     ) -> list[model.SignalResult]:
-        policy = view.spec.recovery
-        found = []
+        capacity = self.backend.capacity()
+        overhead = capacity.head_overhead_bytes if wanted.is_head else capacity.worker_overhead_bytes
+        found = [signals.check_memory(node.memory_bytes, wanted.memory + wanted.object_store_memory + overhead)]
         if node.session_dir:
             found.append(signals.check_disk(node.session_dir, min_free=policy.min_free_disk, threshold=DISK_THRESHOLD))
-        if memory_limit is not None:
-            found.append(signals.check_memory(node.memory_bytes, memory_limit))
-        wanted_gpus = next((n.gpus for n in view.spec.desired_nodes() if n.name == node.name), 0)
-        if wanted_gpus and self.gpus is not None:
-            found.append(self.gpus.check(wanted_gpus))
+        if wanted.gpus and self.gpus is not None:
+            found.append(self.gpus.check(wanted.gpus))
         return found
 
     def _user_checks(self, view: state.ClusterView, node: state.ObservedNode) -> list[model.SignalResult]:
@@ -172,15 +169,6 @@ class HealthMonitor:
                     )
                     self._checks[key] = _Check(node.incarnation, now, running)
         return found
-
-    def _memory_limits(self, view: state.ClusterView) -> dict[str, int]:
-        capacity = self.backend.capacity()
-        return {
-            node.name: node.memory
-            + node.object_store_memory
-            + (capacity.head_overhead_bytes if node.is_head else capacity.worker_overhead_bytes)
-            for node in view.spec.desired_nodes()
-        }
 
     def _forget_nodes(self, cluster_id: str, keep: set[str]) -> None:
         with self._lock:
