@@ -31,6 +31,7 @@ import psutil
 from raypod import config, errors, state
 from raypod import spec as spec_mod
 from raypod.backends import _ports, base, commands, ray_jobs
+from raypod.capabilities.hangwatch import layout as hangwatch_layout  # a leaf module: paths and names only
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,9 @@ class _NodeRecord:
     drain_deadline: float | None = None
     temp_dir: str = ""  # the node's own session/spill root (a worker's; the head uses the cluster's)
     registered: bool = False  # seen alive in the GCS at least once
+    hangwatch_dir: str = ""  # the node's hangwatch directory when its agent runs (capabilities/hangwatch)
+    hangwatch_pid: int = 0
+    hangwatch_create_time: float = 0.0
 
 
 class LocalBackend:
@@ -174,6 +178,9 @@ class LocalBackend:
             if found is not None and found.alive and not record.registered:
                 record.registered = True
                 self._write_node(cluster_id, record)
+        for record in records.values():
+            if record.hangwatch_dir and _is_alive(record):
+                self._ensure_hangwatch_agent(cluster_id, record)
         memory = self._memory_of(cluster_id, processes)
         nodes = {name: _observe_node(record, table, cluster, memory.get(name)) for name, record in records.items()}
         return state.ObservedCluster(
@@ -284,12 +291,19 @@ class LocalBackend:
             record.temp_dir = (
                 cluster.temp_dir if node.is_head else os.path.join(cluster.temp_dir, f"n{record.incarnation[:8]}")
             )
+            if node.hangwatch is not None:
+                record.hangwatch_dir = os.path.join(
+                    cluster.temp_dir, "hangwatch", f"{node.name}-{record.incarnation[:8]}"
+                )
+                hangwatch_layout.write_json(
+                    Path(record.hangwatch_dir) / "config.json", node.hangwatch.model_dump(mode="json")
+                )
             node_dir = self._cluster_dir(cluster_id) / "nodes"
             log = open(node_dir / f"{node.name}.log", "ab")  # noqa: SIM115 - handed to the child
             try:
                 child = subprocess.Popen(
                     self._sandboxed(cluster, self._command(cluster_id, cluster, record, node)),
-                    env=self._environment(cluster_id, node),
+                    env=self._environment(cluster_id, node, record),
                     # Not the server's working directory: a sandboxed node may not see it, and Python's spawned
                     # subprocesses (the dashboard's modules) die at start when they cannot enter it.
                     cwd=cluster.temp_dir,
@@ -346,6 +360,45 @@ class LocalBackend:
             self._quarantine(cluster_id, record, quarantine_s)
         with contextlib.suppress(FileNotFoundError):
             (self._cluster_dir(cluster_id) / "nodes" / f"{name}.json").unlink()
+
+    def hangwatch_dirs(self, cluster_id: str) -> dict[str, Path]:
+        return {
+            name: Path(record.hangwatch_dir)
+            for name, record in self._read_nodes(cluster_id).items()
+            if record.hangwatch_dir
+        }
+
+    def _ensure_hangwatch_agent(self, cluster_id: str, record: _NodeRecord) -> None:
+        """Start the node's hangwatch agent, or start it again when it died: a sidecar the backend keeps running,
+        as a kubelet does a pod's. It runs in the node's namespaces with the node's environment (it sees the
+        node's process ids and may ptrace them for stacks), without capabilities, like the node."""
+        if record.hangwatch_pid and _process_matches(record.hangwatch_pid, record.hangwatch_create_time):
+            return
+        try:
+            environment = psutil.Process(record.pid).environ()
+            argv = [sys.executable, "-m", "raypod.capabilities.hangwatch.agent", record.hangwatch_dir]
+            if self.sandbox:
+                inside = self._inside_pid(record)
+                drop = ["--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs"]
+                argv = ["nsenter", f"--target={inside}", "--mount", "--pid", "--", "setpriv", *drop, "--", *argv]
+        except (psutil.Error, errors.RaypodError):
+            return  # the node is starting or stopping: next pass
+        if record.hangwatch_pid:
+            log.warning("hangwatch agent of node %s exited; starting it again", record.name)
+        with open(Path(record.hangwatch_dir) / "agent.log", "ab") as output:
+            child = subprocess.Popen(
+                argv,
+                env=environment,
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        self._children[child.pid] = child
+        record.hangwatch_pid, record.hangwatch_create_time = child.pid, _create_time(child.pid)
+        self._write_node(cluster_id, record)
 
     def run_on_node(self, cluster_id: str, name: str, command: str, timeout_s: float) -> commands.CommandResult:
         """Run ``command`` with the node's own environment and, when nodes are sandboxed, inside the node's
@@ -472,7 +525,7 @@ class LocalBackend:
             command += [f"--address=127.0.0.1:{cluster.gcs_port}", f"--temp-dir={record.temp_dir}"]
         return command
 
-    def _environment(self, cluster_id: str, node: spec_mod.NodeSpec) -> dict[str, str]:
+    def _environment(self, cluster_id: str, node: spec_mod.NodeSpec, record: _NodeRecord) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAYPOD_", "RAY_ADDRESS"))}
         # `python` in a job's entrypoint is the interpreter Ray runs on (as in a Ray image), even when raypod was
         # started from a virtual environment that is not activated.
@@ -493,6 +546,11 @@ class LocalBackend:
             env[SHARED_DIR_VARIABLE] = os.path.join(cluster.temp_dir, "shared")
             if node.managed_redis and cluster.redis_port:
                 env["RAY_REDIS_ADDRESS"] = f"127.0.0.1:{cluster.redis_port}"
+        if record.hangwatch_dir:
+            # Every Ray Train run on the node reports its ranks' progress to the node's agent (no script change).
+            callbacks = [c for c in env.get(hangwatch_layout.CALLBACKS_VARIABLE, "").split(",") if c.strip()]
+            env[hangwatch_layout.CALLBACKS_VARIABLE] = ",".join([*callbacks, hangwatch_layout.CALLBACK])
+            env[hangwatch_layout.DIR_VARIABLE] = record.hangwatch_dir
         env[CLUSTER_MARKER] = cluster_id
         env[NODE_MARKER] = node.name
         env["RAY_NODE_TYPE_NAME"] = node.group  # becomes Ray's ray.io/node-group label, as on KubeRay
@@ -744,9 +802,14 @@ def _observe_node(
 
 
 def _is_alive(record: _NodeRecord) -> bool:
+    return _process_matches(record.pid, record.create_time)
+
+
+def _process_matches(pid: int, create_time: float) -> bool:
+    """Whether ``pid`` is still the live process that started at ``create_time`` (not a reused pid)."""
     try:
-        process = psutil.Process(record.pid)
-        return abs(process.create_time() - record.create_time) < 1.0 and process.status() != psutil.STATUS_ZOMBIE
+        process = psutil.Process(pid)
+        return abs(process.create_time() - create_time) < 1.0 and process.status() != psutil.STATUS_ZOMBIE
     except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
         return False
 
