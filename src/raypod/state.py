@@ -229,3 +229,70 @@ class ServerInfo(BaseModel):
     backend: str
     tenancy: str = Field(description="What separates namespaces on this backend, and what does not.")
     isolated: bool
+
+
+class HangRank(BaseModel):
+    """One rank of a hung run, as its node's agent saw it at the detection."""
+
+    rank: int
+    node: str | None = None
+    pid: int | None = Field(None, description="In the node's process namespace.")
+    reports: int = 0
+    last_report: float | None = Field(None, description="Unix time of its last ray.train.report.")
+    stalled_s: float | None = None
+    cpu_pct: float | None = None
+    waiting_in: str | None = Field(None, description="The innermost frame of its training thread.")
+    stack: str | None = Field(None, description="py-spy dump of the process.")
+    stack_error: str | None = Field(None, description="Why there is no stack (py-spy missing, ptrace denied).")
+    log_tail: list[str] = Field(default_factory=list)
+
+
+class HangDetection(BaseModel):
+    """A Ray Train run found hung (or faulted) by the agents of its nodes, merged into one record."""
+
+    id: str
+    namespace: str
+    cluster: str
+    job: str | None = Field(None, description="The raypod job id, when known.")
+    ray_job_id: str | None = None
+    run: str | None = None
+    run_id: str
+    attempt: str
+    kind: str = Field(description="hang (no progress), rule (a rule's timeout) or fault (a fault_on_match line).")
+    rule: str | None = None
+    reason: str
+    action: str = Field(description="notify, cancel (hung ranks killed) or fail-job (too many hangs in a row).")
+    detected_at: datetime
+    last_progress: datetime | None = None
+    timeout_s: float | None = None
+    diagnostics_s: float | None = None
+    hangs_without_progress: int = 1
+    common_wait: str | None = Field(None, description="The function every rank waits in, when they share one.")
+    stalled_first: list[int] = Field(default_factory=list, description="Ranks, the longest without progress first.")
+    ranks: list[HangRank] = Field(default_factory=list)
+
+
+class RankProgress(BaseModel):
+    rank: int
+    node: str | None = None
+    pid: int | None = None
+    reports: int = 0
+    last_report: float | None = None
+    stalled_s: float | None = Field(None, description="Seconds without progress (pauses excluded); None: paused.")
+    timeout_s: float | None = None
+    slowest_step_s: float | None = None
+    paused: str | None = None
+    cpu_pct: float | None = None
+
+
+class RunProgress(BaseModel):
+    """A live Ray Train run on a cluster, per rank, from the nodes' agents."""
+
+    run_id: str
+    run: str | None = None
+    attempt: str | None = None
+    ray_job_id: str | None = None
+    job: str | None = None
+    hung: bool = False
+    action: str | None = None
+    ranks: list[RankProgress] = Field(default_factory=list)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Protocol
 
 from raypod import spec as spec_mod
@@ -62,6 +63,11 @@ class Backend(Protocol):
     def run_on_node(self, cluster_id: str, name: str, command: str, timeout_s: float) -> CommandResult:
         """Run a shell command where the node runs, as the node would (its environment, its isolation), killed at
         ``timeout_s``. Raises when it cannot run at all (no such node)."""
+        ...
+
+    def hangwatch_dirs(self, cluster_id: str) -> dict[str, Path]:
+        """Each node's hangwatch directory, where its agent writes status and detections (capabilities/hangwatch),
+        as this host sees it; nodes without an agent are left out."""
         ...
 
     def release(self, cluster_id: str) -> None: ...

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -39,6 +40,8 @@ class FakeBackend:
         self.ray_jobs: dict[str, dict[str, dict[str, Any]]] = {}
         self.quarantined: list[tuple[str, str, float]] = []  # (cluster, node, seconds) of each replaced node
         self._incarnations = 0
+        # Per cluster, node -> a directory a test fills as a node's hangwatch agent would (no agent runs here).
+        self.hangwatch_roots: dict[str, dict[str, Path]] = {}
         self._job_http = httpx.Client(transport=httpx.MockTransport(self._answer_job_api))
 
     def capacity(self) -> base.HostCapacity:
@@ -126,6 +129,9 @@ class FakeBackend:
         with self._lock:
             node = self.nodes[cluster_id][name]
             self.nodes[cluster_id][name] = _replace(node, phase=state.NodePhase.DEAD, reason="killed")
+
+    def hangwatch_dirs(self, cluster_id: str) -> dict[str, Path]:
+        return dict(self.hangwatch_roots.get(cluster_id, {}))
 
     def release(self, cluster_id: str) -> None:
         with self._lock:

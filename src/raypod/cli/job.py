@@ -39,9 +39,15 @@ def submit(
     max_retries: Annotated[int, typer.Option(help="Resubmit a FAILED job up to N times (not a stopped one).")] = 0,
     backoff: Annotated[float, typer.Option(help="Seconds before the first retry; doubles each time.")] = 2.0,
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Follow until the job ends.")] = True,
+    hang_timeout: Annotated[
+        str | None, typer.Option(help="Ray Train hang timeout: seconds, 15m, 1h, or adaptive.")
+    ] = None,
+    hang_action: Annotated[str | None, typer.Option(help="On a hang: notify, or cancel (restart the run).")] = None,
+    hang_rules: Annotated[Path | None, typer.Option(help="YAML/JSON file of hang detection rules.")] = None,
     fmt: OutputOpt = Format.TABLE,
 ) -> None:
     """Submit a job: raypod job submit -c demo --max-retries 2 -- python train.py"""
+    metadata = _hang_metadata(hang_timeout, hang_action, hang_rules)
     try:
         runtime_env: dict[str, Any] = json.loads(runtime_env_json) if runtime_env_json else {}
     except ValueError as exc:
@@ -53,7 +59,11 @@ def submit(
     if "working_dir" in runtime_env or "py_modules" in runtime_env:
         runtime_env = _upload_working_dir(cluster, namespace, runtime_env)
     spec = spec_mod.JobSpec(
-        entrypoint=" ".join(entrypoint), runtime_env=runtime_env, max_retries=max_retries, backoff_s=backoff
+        entrypoint=" ".join(entrypoint),
+        runtime_env=runtime_env,
+        max_retries=max_retries,
+        backoff_s=backoff,
+        metadata=metadata,
     )
     api = cluster_cli.client()
     job = api.jobs.submit(cluster, spec, namespace)
@@ -110,6 +120,64 @@ def stop(job_id: str) -> None:
     """Stop a job; it will not be retried."""
     job = cluster_cli.client().jobs.stop(job_id)
     output.console.print(f"job {job.id}: stop requested")
+
+
+@app.command()
+def hangs(
+    cluster: Annotated[str, typer.Argument(help="The cluster.")],
+    job: Annotated[str | None, typer.Argument(help="Only this job's detections.")] = None,
+    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+    stacks: Annotated[bool, typer.Option("--stacks/--no-stacks", help="Print every rank's stack.")] = True,
+    fmt: OutputOpt = Format.TABLE,
+) -> None:
+    """Hung or faulted Ray Train runs, with which ranks stalled first, their stacks and last log lines."""
+    found = cluster_cli.client().jobs.hangs(cluster, job, namespace)
+    if fmt is not Format.TABLE:
+        output.emit_data(found, fmt)
+        return
+    if not found:
+        output.console.print(f"no hangs detected on {namespace}/{cluster}" + (f" for job {job}" if job else ""))
+    for detection in found:
+        output.console.print(
+            f"[bold]{detection.detected_at:%Y-%m-%d %H:%M:%S}[/bold] {detection.kind} in run {detection.run} "
+            f"(job {detection.job or detection.ray_job_id}), action {detection.action}: {detection.reason}",
+            markup=True,
+            highlight=False,
+        )
+        order = ", ".join(str(r) for r in detection.stalled_first)
+        wait = f"; all ranks wait in {detection.common_wait}" if detection.common_wait else ""
+        output.console.print(f"  stalled first: rank {order}{wait}", markup=False, highlight=False)
+        for rank in detection.ranks:
+            output.console.print(
+                f"  rank {rank.rank} on {rank.node} (pid {rank.pid}): {rank.reports} reports, waiting in "
+                f"{rank.waiting_in or '?'}",
+                markup=False,
+                highlight=False,
+            )
+            if stacks:
+                body = rank.stack or f"(no stack: {rank.stack_error})"
+                output.console.print("    " + body.rstrip().replace("\n", "\n    "), markup=False, highlight=False)
+                for line in rank.log_tail[-5:]:
+                    output.console.print(f"    | {line}", markup=False, highlight=False)
+
+
+def _hang_metadata(timeout: str | None, action: str | None, rules: Path | None) -> dict[str, str]:
+    """The --hang-* flags as the job metadata a plain ``ray job submit --metadata-json`` would carry."""
+    metadata = {}
+    if timeout is not None:
+        metadata["raypod.hang_timeout"] = timeout
+    if action is not None:
+        metadata["raypod.hang_action"] = action
+    if rules is not None:
+        try:
+            metadata["raypod.hang_rules"] = rules.read_text()
+        except OSError as exc:
+            raise errors.InvalidSpec(f"--hang-rules {rules}: {exc.strerror}") from None
+    try:
+        spec_mod.hang_overrides_from_metadata(metadata)
+    except ValueError as exc:
+        raise errors.InvalidSpec(str(exc)) from None
+    return metadata
 
 
 def _render(job: state.JobView, fmt: Format) -> None:

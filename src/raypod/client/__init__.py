@@ -137,6 +137,20 @@ class Jobs:
         payload = self._t.request("GET", f"/api/v1/jobs/{_job_id(job_id)}/logs", params=params)
         return state.JobLogs.model_validate(payload).logs
 
+    def hangs(
+        self, cluster: str, job: str | None = None, namespace: str = "default", limit: int = 100
+    ) -> builtins.list[state.HangDetection]:
+        """Hung or faulted Ray Train runs of a cluster (of one job), newest first, with each rank's stack."""
+        params: dict[str, Any] = {"limit": limit, **({"job": _job_id(job)} if job else {})}
+        found = self._t.request("GET", _path(namespace, cluster, "hangs"), params=params)
+        return [state.HangDetection.model_validate(d) for d in found]
+
+    def training(self, cluster: str, namespace: str = "default") -> builtins.list[state.RunProgress]:
+        """Live Ray Train runs of a cluster, each rank's progress as the nodes' agents see it."""
+        return [
+            state.RunProgress.model_validate(r) for r in self._t.request("GET", _path(namespace, cluster, "training"))
+        ]
+
     def upload_working_dir(
         self, cluster: str, files: builtins.list[tuple[str, bytes]], namespace: str = "default"
     ) -> str:

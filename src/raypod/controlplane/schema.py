@@ -114,3 +114,16 @@ node_requests = sa.Table(
     sa.Column("requested_by", sa.String(63), nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )
+
+hang_detections = sa.Table(
+    "hang_detections",
+    metadata,
+    sa.Column("id", sa.String(128), primary_key=True),
+    sa.Column("cluster_uid", sa.String(32), nullable=False, index=True),
+    sa.Column("namespace", sa.String(63), nullable=False),
+    sa.Column("cluster", sa.String(63), nullable=False),
+    sa.Column("job", sa.String(32), nullable=True, index=True),
+    sa.Column("detected_at", sa.DateTime(timezone=True), nullable=False),
+    # The rest of the merged detection (state.HangDetection as JSON: ranks with their stacks and log lines).
+    sa.Column("detection", sa.Text, nullable=False),
+)

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 import raypod
 from raypod import backends, config
 from raypod.backends import base
-from raypod.controlplane import identity, jobs, loop, plan, service, store
+from raypod.controlplane import hangs, identity, jobs, loop, plan, service, store
 from raypod.server import console, gateway, limits
 from raypod.server import errors as server_errors
 from raypod.server.routes import clusters, identities, monitoring
@@ -51,6 +51,8 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         app.state.jobs = jobs.JobService(app.state.clusters)
         supervisor = jobs.JobSupervisor(app.state.jobs, interval_s=min(settings.reconcile_interval_s, 1.0))
         supervisor.start()
+        app.state.hangs = hangs.HangCollector(db, app.state.jobs, interval_s=min(settings.reconcile_interval_s, 1.0))
+        app.state.hangs.start()
         # aiohttp, not httpx, for the proxy hop: it adds about half the latency per request here.
         app.state.gateway_limit = gateway.ConcurrencyLimit(settings.gateway_max_in_flight)
         app.state.gateway_http = aiohttp.ClientSession(
@@ -70,6 +72,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
             yield
         finally:
             await app.state.gateway_http.close()
+            app.state.hangs.stop()
             supervisor.stop()
             reconciler.stop()
             chosen.close()

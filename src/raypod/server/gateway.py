@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -33,6 +35,7 @@ router = APIRouter(tags=["gateway"])
 # Added to the app after the API routes (see create_app); matched for every method under /clusters/.
 
 
+MAX_SUBMISSION_BYTES = 1024 * 1024  # a Ray job submission's JSON (the package goes up separately)
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -250,6 +253,11 @@ async def proxy(request: Request) -> Response:
     session: aiohttp.ClientSession = request.app.state.gateway_http
     headers = _upstream_headers(request, route, f"/clusters/{namespace}/{name}", length)
     url = f"{route.dashboard}/{path}" + (f"?{request.url.query}" if request.url.query else "")
+    body: Any = request.stream() if request.method in WRITE_METHODS else None
+    if request.method == "POST" and path.strip("/") == "api/jobs":
+        body = await _checked_submission(request)
+        length = len(body)
+        headers = _upstream_headers(request, route, f"/clusters/{namespace}/{name}", length)
     with limit.hold(principal.user, namespace, name):
         started = time.perf_counter()
         try:
@@ -257,7 +265,7 @@ async def proxy(request: Request) -> Response:
                 request.method,
                 url,
                 headers=headers,
-                data=request.stream() if request.method in WRITE_METHODS else None,
+                data=body,
                 allow_redirects=False,
                 auto_decompress=False,
             )
@@ -285,6 +293,30 @@ async def proxy(request: Request) -> Response:
         headers=response_headers,
         background=BackgroundTask(upstream.release),
     )
+
+
+async def _checked_submission(request: Request) -> bytes:
+    """A plain ``ray job submit`` body, read whole (it is small), with its raypod.hang_* metadata validated: a
+    bad hang rule is refused here, before Ray starts a job that would silently run without it.
+
+    Raises:
+        PayloadTooLarge: over MAX_SUBMISSION_BYTES. InvalidSpec: a bad raypod.hang_* value.
+    """
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_SUBMISSION_BYTES:
+            raise errors.PayloadTooLarge(f"a job submission is limited to {MAX_SUBMISSION_BYTES // 1024} KiB")
+    try:
+        metadata = json.loads(body or b"{}").get("metadata") or {}
+    except (ValueError, AttributeError):
+        return body  # not ours to judge: Ray answers a malformed submission itself
+    if isinstance(metadata, dict):
+        try:
+            spec_mod.hang_overrides_from_metadata({str(k): str(v) for k, v in metadata.items()})
+        except ValueError as exc:
+            raise errors.InvalidSpec(str(exc)) from None
+    return body
 
 
 async def _relay(upstream: aiohttp.ClientResponse) -> AsyncIterator[bytes]:

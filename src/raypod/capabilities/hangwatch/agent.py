@@ -12,6 +12,7 @@ Its timers live in the ranks' files and ``state.json``: an agent killed and rest
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -171,7 +172,7 @@ class Agent:
                     "stack": stacks[int(r.record["pid"])].text,
                     "stack_error": stacks[int(r.record["pid"])].error,
                     "waiting_in": stacks[int(r.record["pid"])].waiting_in,
-                    "log_tail": list(self._tail_of(r).last_lines) if self._tail_of(r) else [],
+                    "log_tail": self._last_lines(r),
                 }
                 for r in sorted(ranks, key=lambda r: r.rank)
             ],
@@ -183,10 +184,8 @@ class Agent:
         log.warning("%s (run %s)", line, first.get("run"))
         if action == "cancel":
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         for state in ranks:
             for clock in state.rules.values():
                 clock.fault_line = None
@@ -229,8 +228,9 @@ class Agent:
                 pass
         return live, dead
 
-    def _tail_of(self, state: detector.RankState) -> logs.LogTail | None:
-        return self._tails.get(int(state.record["pid"]))
+    def _last_lines(self, state: detector.RankState) -> list[str]:
+        tail = self._tails.get(int(state.record["pid"]))
+        return list(tail.last_lines) if tail is not None else []
 
     def _read_log(self, settings: spec_mod.HangwatchSpec, state: detector.RankState, now: float) -> None:
         pid, path = int(state.record["pid"]), state.record.get("log")

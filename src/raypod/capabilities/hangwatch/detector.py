@@ -102,7 +102,7 @@ def evaluate(settings: spec_mod.HangwatchSpec, ranks: list[RankState], now: floa
                     None,
                     rule.name,
                 )
-    stalls = []
+    stalls: list[tuple[RankState, float, float]] = []
     for state in ranks:
         stalled = stalled_for(state.record, now)
         limit = timeout_of(settings, state.record)

@@ -29,7 +29,9 @@ def dump_stacks(pids: list[int], timeout_s: float = DUMP_TIMEOUT_S) -> dict[int,
         return {}
     py_spy = shutil.which("py-spy")
     if py_spy is None:
-        return {pid: Stack(pid, None, "py-spy is not installed on this node (pip install py-spy)", None) for pid in pids}
+        return {
+            pid: Stack(pid, None, "py-spy is not installed on this node (pip install py-spy)", None) for pid in pids
+        }
     with ThreadPoolExecutor(max_workers=min(8, len(pids))) as pool:
         return dict(zip(pids, pool.map(lambda pid: _dump(py_spy, pid, timeout_s), pids), strict=True))
 

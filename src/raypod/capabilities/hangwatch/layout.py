@@ -13,6 +13,7 @@ backend that starts the agent. JSON, written whole and renamed into place, so a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -46,10 +47,8 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def with_suppressed_unlink(path: str | Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 def ranks_dir(root: Path) -> Path:

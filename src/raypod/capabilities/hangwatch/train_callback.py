@@ -44,7 +44,7 @@ class HangwatchCallback(WorkerCallback, TrainContextCallback):
             "run_id": run.run_id,
             "run": run.run_config.name,
             # One synchronization actor per worker group: what all ranks of one attempt share.
-            "attempt": context.execution_context.synchronization_actor._actor_id.hex()[:16],
+            "attempt": context.execution_context.synchronization_actor._actor_id.hex()[:16],  # type: ignore[attr-defined]
             "job_id": ray.get_runtime_context().get_job_id(),
             "raypod_job": self.raypod_job,
             "rank": ranks.world_rank,

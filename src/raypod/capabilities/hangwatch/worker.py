@@ -3,6 +3,7 @@ reads. Runs in training processes, so it imports the standard library and raypod
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -77,10 +78,8 @@ class RankRecorder:
             self._write()
 
     def _write(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # progress reporting must never break training
             layout.write_json(self.path, self.record)
-        except OSError:
-            pass  # progress reporting must never break training
 
 
 _current: RankRecorder | None = None

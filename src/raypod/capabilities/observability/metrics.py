@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -37,6 +37,25 @@ GATEWAY_SECONDS = Histogram(
     "Requests proxied by the gateway to Ray dashboards, until the response headers.",
     ["route"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+    registry=REGISTRY,
+)
+HANG_DETECTIONS = Counter(
+    "raypod_hang_detections",
+    "Hung or faulted Ray Train runs detected by the nodes' agents, by kind (hang, rule, fault) and action.",
+    ["ray_io_cluster", "namespace", "kind", "action"],
+    registry=REGISTRY,
+)
+HANG_DETECT_SECONDS = Histogram(
+    "raypod_hang_detect_seconds",
+    "From a hung run's last progress (its last ray.train.report) to its detection.",
+    ["ray_io_cluster", "namespace"],
+    buckets=(1, 5, 10, 20, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200),
+    registry=REGISTRY,
+)
+HUNG_JOBS = Gauge(
+    "raypod_hung_jobs",
+    "Ray Train runs that are hung now (no rank has made progress for the run's timeout).",
+    ["ray_io_cluster", "namespace"],
     registry=REGISTRY,
 )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import secrets
 import tempfile
 from collections.abc import Sequence
@@ -59,6 +60,24 @@ class JobService:
         if job.attempts and job.status not in TERMINAL_STATUSES:
             self.api(view).stop(job.attempts[-1].submission_id)
         return self.records.load(job_id)
+
+    def fail(self, job_id: str, reason: str) -> state.JobView:
+        """Fail a job for a reason raypod found (a run that hangs again and again): its attempt is stopped on Ray
+        and never retried, and the reason is the attempt's message."""
+        job = self.records.load(job_id)
+        if job.status in TERMINAL_STATUSES:
+            return job
+        self.records.request_stop(job_id)
+        if job.attempts:
+            current = job.attempts[-1]
+            view = self.clusters.store.get(job.namespace, job.cluster)
+            # It may have ended on its own; the record says why it was failed either way.
+            with contextlib.suppress(errors.RaypodError):
+                self.api(view).stop(current.submission_id)
+            current.status, current.message = "FAILED", reason[:500]
+        failed = job.model_copy(update={"status": state.JobStatus.FAILED, "next_attempt_at": None})
+        self.records.save(failed)
+        return failed
 
     def logs(self, caller: identity.Principal, job_id: str, attempt: int | None = None) -> str:
         job = self.get(caller, job_id)

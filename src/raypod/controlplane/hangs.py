@@ -1,0 +1,290 @@
+"""Hung Ray Train runs, as the control plane sees them: it reads what each node's hangwatch agent wrote, merges
+the detections of one run from all its nodes into one record, and acts on it: an event, metrics, the webhook,
+and, once a run has hung more times in a row than ``max_hang_restarts`` allows, failing its job with the reason.
+
+The agents detect and cancel on their own (a hung rank is killed even while the server is down); this module
+only reports and enforces the limit.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import logging
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import sqlalchemy as sa
+
+from raypod import errors, state
+from raypod.capabilities.hangwatch import layout
+from raypod.capabilities.observability import metrics
+from raypod.controlplane import schema, store
+from raypod.controlplane.jobs.service import JobService
+from raypod.controlplane.jobs.supervisor import imported_id
+
+log = logging.getLogger(__name__)
+
+WEBHOOK_TIMEOUT_S = 5.0
+COLLECT_PHASES = frozenset({state.ClusterPhase.READY, state.ClusterPhase.DEGRADED, state.ClusterPhase.UNKNOWN})
+
+
+class HangRecords:
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+
+    def merge(self, uid: str, found: state.HangDetection) -> tuple[state.HangDetection, bool]:
+        """Store ``found`` or merge it into the record of the same run attempt; return it and whether it is new."""
+        table = schema.hang_detections
+        with self.engine.begin() as connection:
+            row = connection.execute(sa.select(table.c.detection).where(table.c.id == found.id)).first()
+            if row is None:
+                connection.execute(
+                    table.insert().values(
+                        id=found.id,
+                        cluster_uid=uid,
+                        namespace=found.namespace,
+                        cluster=found.cluster,
+                        job=found.job,
+                        detected_at=found.detected_at,
+                        detection=found.model_dump_json(),
+                    )
+                )
+                return found, True
+            merged = merge(state.HangDetection.model_validate_json(row[0]), found)
+            connection.execute(
+                table.update()
+                .where(table.c.id == found.id)
+                .values(job=merged.job, detected_at=merged.detected_at, detection=merged.model_dump_json())
+            )
+            return merged, False
+
+    def list(
+        self, namespace: str, cluster: str, job: str | None = None, limit: int = 100
+    ) -> builtins.list[state.HangDetection]:
+        table = schema.hang_detections
+        query = sa.select(table.c.detection).where(table.c.namespace == namespace, table.c.cluster == cluster)
+        if job is not None:
+            query = query.where(table.c.job == job)
+        query = query.order_by(table.c.detected_at.desc()).limit(limit)
+        with self.engine.connect() as connection:
+            return [state.HangDetection.model_validate_json(r[0]) for r in connection.execute(query)]
+
+    def forget_cluster(self, uid: str) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(schema.hang_detections.delete().where(schema.hang_detections.c.cluster_uid == uid))
+
+
+def merge(existing: state.HangDetection, found: state.HangDetection) -> state.HangDetection:
+    """One run attempt's detection from several nodes: every rank once, the earliest times, the strongest action."""
+    ranks = {rank.rank: rank for rank in existing.ranks}
+    ranks.update({rank.rank: rank for rank in found.ranks})
+    ordered = sorted(ranks.values(), key=lambda r: r.rank)
+    stalled_first = [r.rank for r in sorted(ordered, key=lambda r: (r.last_report or 0.0, r.rank))]
+    strength = {"notify": 0, "cancel": 1, "fail-job": 2}
+    action = max(existing.action, found.action, key=lambda a: strength.get(a, 0))
+    waits = {r.waiting_in.split(" ", 1)[0] for r in ordered if r.waiting_in}
+    earliest = min((existing, found), key=lambda d: d.detected_at)
+    return earliest.model_copy(
+        update={
+            "job": existing.job or found.job,
+            "ranks": ordered,
+            "stalled_first": stalled_first,
+            "action": action,
+            "hangs_without_progress": max(existing.hangs_without_progress, found.hangs_without_progress),
+            "common_wait": waits.pop() if len(waits) == 1 and all(r.waiting_in for r in ordered) else None,
+            "diagnostics_s": max(existing.diagnostics_s or 0.0, found.diagnostics_s or 0.0),
+        }
+    )
+
+
+def from_agent(view: state.ClusterView, data: dict[str, Any]) -> state.HangDetection:
+    """An agent's detection file as a record; its id is the run attempt's, the same from every node."""
+
+    def when(value: Any) -> datetime | None:
+        return datetime.fromtimestamp(float(value), UTC) if isinstance(value, int | float) else None
+
+    return state.HangDetection(
+        id=f"{view.uid[:8]}-{str(data['run_id'])[:12]}-{str(data['attempt'])[:12]}-{data['kind']}",
+        namespace=view.spec.namespace,
+        cluster=view.spec.name,
+        job=data.get("raypod_job"),
+        ray_job_id=data.get("job_id"),
+        run=data.get("run"),
+        run_id=str(data["run_id"]),
+        attempt=str(data["attempt"]),
+        kind=str(data["kind"]),
+        rule=data.get("rule"),
+        reason=str(data.get("reason", ""))[:2000],
+        action=str(data.get("action", "notify")),
+        detected_at=when(data.get("detected_at")) or store.now(),
+        last_progress=when(data.get("last_progress")),
+        timeout_s=data.get("timeout_s"),
+        diagnostics_s=data.get("diagnostics_s"),
+        hangs_without_progress=int(data.get("hangs_without_progress") or 1),
+        common_wait=data.get("common_wait"),
+        stalled_first=list(data.get("stalled_first") or []),
+        ranks=[state.HangRank.model_validate(rank) for rank in data.get("ranks") or []],
+    )
+
+
+class HangCollector:
+    """A thread that collects every cluster's agents' reports each ``interval_s``."""
+
+    def __init__(self, db: store.Store, jobs: JobService, interval_s: float = 1.0) -> None:
+        self.store = db
+        self.jobs = jobs
+        self.backend = jobs.clusters.backend
+        self.records = HangRecords(db.engine)
+        self.interval_s = interval_s
+        self.progress: dict[str, list[state.RunProgress]] = {}
+        self._seen: dict[Path, float] = {}  # detection file -> its mtime when merged
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="raypod-hangs", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.collect_once()
+            except Exception:
+                log.exception("hang collection pass failed")
+
+    def collect_once(self) -> None:
+        alive = set()
+        for view in self.store.list():
+            alive.add(view.uid)
+            if view.deleting or view.status.phase not in COLLECT_PHASES:
+                continue
+            dirs = self.backend.hangwatch_dirs(view.uid)
+            self.progress[view.uid] = self._progress(view, dirs)
+            metrics.HUNG_JOBS.labels(view.spec.name, view.spec.namespace).set(
+                sum(1 for run in self.progress[view.uid] if run.hung)
+            )
+            for directory in dirs.values():
+                for path in sorted(layout.detections_dir(directory).glob("*.json")):
+                    self._collect(view, path)
+        for uid in [uid for uid in self.progress if uid not in alive]:
+            del self.progress[uid]
+
+    def runs(self, uid: str) -> builtins.list[state.RunProgress]:
+        return self.progress.get(uid, [])
+
+    def _progress(self, view: state.ClusterView, dirs: dict[str, Path]) -> builtins.list[state.RunProgress]:
+        runs: dict[str, state.RunProgress] = {}
+        for directory in dirs.values():
+            status = layout.read_json(directory / "status.json") or {}
+            for run in status.get("runs") or []:
+                try:
+                    ranks = [state.RankProgress.model_validate(r) for r in run.get("ranks") or []]
+                    found = runs.setdefault(
+                        str(run["run_id"]),
+                        state.RunProgress(
+                            run_id=str(run["run_id"]),
+                            run=run.get("run"),
+                            attempt=run.get("attempt"),
+                            ray_job_id=run.get("job_id"),
+                            job=run.get("raypod_job"),
+                            action=run.get("action"),
+                        ),
+                    )
+                except (KeyError, ValueError):
+                    continue
+                found.hung = found.hung or bool(run.get("hung"))
+                found.ranks = sorted([*found.ranks, *ranks], key=lambda r: r.rank)
+        return list(runs.values())
+
+    def _collect(self, view: state.ClusterView, path: Path) -> None:
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            return
+        if self._seen.get(path) == mtime:
+            return
+        self._seen[path] = mtime
+        data = layout.read_json(path)
+        if data is None:
+            return
+        try:
+            found = from_agent(view, data)
+        except (KeyError, ValueError) as exc:
+            log.warning("ignoring an unreadable hang detection %s: %s", path.name, exc)
+            return
+        if found.job is None:
+            found = found.model_copy(update={"job": self._job_of(view, found.ray_job_id)})
+        merged, is_new = self.records.merge(view.uid, found)
+        if is_new:  # the first node's file of a run attempt; the others only add their ranks
+            self._report(view, merged)
+            if merged.action == "fail-job":
+                self._fail_job(view, merged)
+
+    def _report(self, view: state.ClusterView, detection: state.HangDetection) -> None:
+        name, namespace = view.spec.name, view.spec.namespace
+        metrics.HANG_DETECTIONS.labels(name, namespace, detection.kind, detection.action).inc()
+        if detection.last_progress is not None:
+            metrics.HANG_DETECT_SECONDS.labels(name, namespace).observe(
+                max(0.0, (detection.detected_at - detection.last_progress).total_seconds())
+            )
+        what = {"hang": "is hung", "rule": "broke a hang rule", "fault": "logged a fault"}.get(detection.kind, "hung")
+        done = {
+            "notify": "notified",
+            "cancel": "hung ranks killed, Ray Train restarts the run from its last checkpoint",
+            "fail-job": f"hung {detection.hangs_without_progress} times with no progress in between: job failed",
+        }.get(detection.action, detection.action)
+        message = (
+            f"Ray Train run {detection.run or detection.run_id} (job {detection.job or detection.ray_job_id or '?'}) "
+            f"{what}: {detection.reason}; {done}. Stacks: raypod job hangs {name}"
+        )
+        reason = "JobFaultDetected" if detection.kind == "fault" else "JobHangDetected"
+        self.store.record(view, state.EventType.WARNING, reason, message[:2000], None)
+        webhook = view.spec.hangwatch.webhook_url
+        if webhook:
+            threading.Thread(target=_post_webhook, args=(webhook, view, detection), daemon=True).start()
+
+    def _job_of(self, view: state.ClusterView, ray_job_id: str | None) -> str | None:
+        """The raypod job of a Ray job id (a job a plain ``ray job submit`` started carries no raypod metadata)."""
+        if not ray_job_id:
+            return None
+        try:
+            submissions = self.jobs.api(view).list()
+        except errors.RaypodError:
+            return None
+        for info in submissions:
+            if info.get("job_id") == ray_job_id and info.get("submission_id"):
+                metadata = info.get("metadata") or {}
+                return str(metadata.get("raypod_job") or imported_id(view.uid, str(info["submission_id"])))
+        return None
+
+    def _fail_job(self, view: state.ClusterView, detection: state.HangDetection) -> None:
+        if detection.job is None:
+            log.warning("run %s hung too often but its job is unknown; not failing it", detection.run_id)
+            return
+        reason = (
+            f"hangwatch: Ray Train run {detection.run or detection.run_id} hung {detection.hangs_without_progress} "
+            f"times with no progress in between: {detection.reason}"
+        )
+        try:
+            self.jobs.fail(detection.job, reason)
+        except errors.RaypodError as exc:
+            log.warning("cannot fail job %s after repeated hangs: %s", detection.job, exc)
+            return
+        self.store.record(view, state.EventType.WARNING, "JobFailedHung", reason[:2000], None)
+
+
+def _post_webhook(url: str, view: state.ClusterView, detection: state.HangDetection) -> None:
+    payload = {"event": "raypod.hang_detected", "detection": json.loads(detection.model_dump_json())}
+    try:
+        httpx.post(url, json=payload, timeout=WEBHOOK_TIMEOUT_S, follow_redirects=False).raise_for_status()
+    except httpx.HTTPError as exc:
+        # The URL may carry a secret (a Slack webhook's path): log its host only.
+        log.warning("hang webhook to %s failed: %s", urlsplit(url).hostname, type(exc).__name__)
