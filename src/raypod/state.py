@@ -280,6 +280,7 @@ class RankProgress(BaseModel):
     last_report: float | None = None
     stalled_s: float | None = Field(None, description="Seconds without progress (pauses excluded); None: paused.")
     timeout_s: float | None = None
+    last_progress: float | None = Field(None, description="Unix time the stall timer counts from.")
     slowest_step_s: float | None = None
     paused: str | None = None
     cpu_pct: float | None = None
@@ -293,6 +294,9 @@ class RunProgress(BaseModel):
     attempt: str | None = None
     ray_job_id: str | None = None
     job: str | None = None
+    world_size: int | None = None
     hung: bool = False
     action: str | None = None
+    max_hang_restarts: int | None = None
+    enabled: bool = True
     ranks: list[RankProgress] = Field(default_factory=list)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from raypod import hangwatch
 from raypod.checkpoint import format as fmt
 from raypod.checkpoint import tiers
 
@@ -122,6 +123,10 @@ class CheckpointManager:
         Tensors on an accelerator are copied to host memory before this returns; training may change them
         right after.
         """
+        with hangwatch.paused("checkpoint save"):
+            return self._save(state, step)
+
+    def _save(self, state: Any, step: int) -> Saved:
         started = time.perf_counter()
         skeleton, tensors = fmt.flatten(state)
         snapshot = self.memory.acquire(tensors)
@@ -142,7 +147,7 @@ class CheckpointManager:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every save so far is persisted in every tier (or failed there); return whether it was."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._idle:
+        with hangwatch.paused("checkpoint upload"), self._idle:
             while self._pending:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:

@@ -12,6 +12,7 @@ import builtins
 import json
 import logging
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ import httpx
 import sqlalchemy as sa
 
 from raypod import errors, state
-from raypod.capabilities.hangwatch import layout
+from raypod import spec as spec_mod
+from raypod.capabilities.hangwatch import detector, layout
 from raypod.capabilities.observability import metrics
 from raypod.controlplane import schema, store
 from raypod.controlplane.jobs.service import JobService
@@ -30,6 +32,8 @@ from raypod.controlplane.jobs.supervisor import imported_id
 log = logging.getLogger(__name__)
 
 WEBHOOK_TIMEOUT_S = 5.0
+STALE_POLLS = 3
+STALE_SLACK_S = 2.0
 COLLECT_PHASES = frozenset({state.ClusterPhase.READY, state.ClusterPhase.DEGRADED, state.ClusterPhase.UNKNOWN})
 
 
@@ -143,6 +147,8 @@ class HangCollector:
         self.interval_s = interval_s
         self.progress: dict[str, list[state.RunProgress]] = {}
         self._seen: dict[Path, float] = {}  # detection file -> its mtime when merged
+        self._requested: dict[str, float] = {}  # hang requests handed to agents, by id
+        self._hangs: dict[str, tuple[int, float]] = {}  # run id -> (hangs in a row, when the last one was)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="raypod-hangs", daemon=True)
 
@@ -160,17 +166,19 @@ class HangCollector:
             except Exception:
                 log.exception("hang collection pass failed")
 
-    def collect_once(self) -> None:
+    def collect_once(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
         alive = set()
         for view in self.store.list():
             alive.add(view.uid)
             if view.deleting or view.status.phase not in COLLECT_PHASES:
                 continue
             dirs = self.backend.hangwatch_dirs(view.uid)
-            self.progress[view.uid] = self._progress(view, dirs)
-            metrics.HUNG_JOBS.labels(view.spec.name, view.spec.namespace).set(
-                sum(1 for run in self.progress[view.uid] if run.hung)
-            )
+            runs = self._progress(dirs, now)
+            for run, places in runs:
+                self._judge(view, run, places)
+            self.progress[view.uid] = [run for run, _ in runs]
+            metrics.HUNG_JOBS.labels(view.spec.name, view.spec.namespace).set(sum(1 for run, _ in runs if run.hung))
             for directory in dirs.values():
                 for path in sorted(layout.detections_dir(directory).glob("*.json")):
                     self._collect(view, path)
@@ -180,29 +188,80 @@ class HangCollector:
     def runs(self, uid: str) -> builtins.list[state.RunProgress]:
         return self.progress.get(uid, [])
 
-    def _progress(self, view: state.ClusterView, dirs: dict[str, Path]) -> builtins.list[state.RunProgress]:
-        runs: dict[str, state.RunProgress] = {}
+    def _progress(self, dirs: dict[str, Path], now: float) -> builtins.list[tuple[state.RunProgress, list[Path]]]:
+        """Every run attempt the agents follow, its ranks from all nodes; a node whose agent has not written for
+        a while contributes nothing (its ranks are unknown, so the run cannot be judged hung)."""
+        runs: dict[tuple[str, str], tuple[state.RunProgress, list[Path]]] = {}
         for directory in dirs.values():
             status = layout.read_json(directory / "status.json") or {}
+            age = now - float(status.get("time") or 0.0)
+            if age > STALE_POLLS * float(status.get("poll_s") or 2.0) + STALE_SLACK_S:
+                continue
             for run in status.get("runs") or []:
                 try:
+                    key = (str(run["run_id"]), str(run.get("attempt")))
                     ranks = [state.RankProgress.model_validate(r) for r in run.get("ranks") or []]
-                    found = runs.setdefault(
-                        str(run["run_id"]),
-                        state.RunProgress(
-                            run_id=str(run["run_id"]),
-                            run=run.get("run"),
-                            attempt=run.get("attempt"),
-                            ray_job_id=run.get("job_id"),
-                            job=run.get("raypod_job"),
-                            action=run.get("action"),
-                        ),
-                    )
+                    if key not in runs:
+                        runs[key] = (
+                            state.RunProgress(
+                                run_id=key[0],
+                                run=run.get("run"),
+                                attempt=key[1],
+                                ray_job_id=run.get("job_id"),
+                                job=run.get("raypod_job"),
+                                world_size=run.get("world_size"),
+                                action=run.get("action"),
+                                max_hang_restarts=run.get("max_hang_restarts"),
+                                enabled=bool(run.get("enabled", True)),
+                            ),
+                            [],
+                        )
                 except (KeyError, ValueError):
                     continue
-                found.hung = found.hung or bool(run.get("hung"))
+                found, places = runs[key]
+                for rank in ranks:
+                    if rank.stalled_s is not None:
+                        rank.stalled_s += max(0.0, age)  # as of now, not of the agent's last poll
                 found.ranks = sorted([*found.ranks, *ranks], key=lambda r: r.rank)
+                places.append(directory)
         return list(runs.values())
+
+    def _judge(self, view: state.ClusterView, run: state.RunProgress, places: list[Path]) -> None:
+        """Apply the no-progress verdict across the run's nodes; on a hang, hand it to the agents of those nodes,
+        once per run attempt, with the action (notify, cancel, or fail-job after too many hangs in a row)."""
+        views = [
+            detector.RankView(r.rank, r.stalled_s, r.timeout_s or float("inf"), r.reports, r.last_progress or 0.0)
+            for r in run.ranks
+        ]
+        verdict = detector.hang_verdict(views, run.world_size or len(views)) if run.enabled else None
+        run.hung = verdict is not None
+        count, since = self._hangs.get(run.run_id, (0, 0.0))
+        if since and any((r.last_report or 0.0) > since for r in run.ranks):
+            count, since = 0, 0.0  # progress since the last hang
+        self._hangs[run.run_id] = (count, since)
+        request_id = f"{run.run_id[:12]}-{(run.attempt or '')[:12]}-hang"
+        if verdict is None or request_id in self._requested:
+            return
+        count += 1
+        self._hangs[run.run_id] = (count, time.time())
+        self._requested[request_id] = time.time()
+        settings = spec_mod.HangwatchSpec(
+            action=spec_mod.HangAction(run.action or "notify"),
+            max_hang_restarts=run.max_hang_restarts if run.max_hang_restarts is not None else 3,
+        )
+        request = {
+            "run_id": run.run_id,
+            "attempt": run.attempt,
+            "kind": verdict.kind,
+            "reason": verdict.reason,
+            "ranks": verdict.ranks,
+            "last_progress": verdict.last_progress,
+            "timeout_s": verdict.timeout_s,
+            "hangs_without_progress": count,
+            "action": detector.action_for(settings, count),
+        }
+        for directory in places:
+            layout.write_json(directory / "requests" / f"{request_id}.json", request)
 
     def _collect(self, view: state.ClusterView, path: Path) -> None:
         try:

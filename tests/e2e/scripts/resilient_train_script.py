@@ -5,7 +5,10 @@ an undisturbed one.
 Every step appends a line to ``<RUN_DIR>/progress.jsonl`` (rank, step, the step it resumed from, wall time), so
 tests and the recovery benchmark see progress without parsing logs. The last stdout line is ``RESULT {json}``.
 
-Usage: python resilient_train_script.py RUN_NAME STEPS STEP_SECONDS
+With HANG_AT, rank 0 of the first attempt stops at that step for good (asleep, while rank 1 waits in the next
+all-reduce): a hung run, as a stuck rank makes one.
+
+Usage: python resilient_train_script.py RUN_NAME STEPS STEP_SECONDS [HANG_AT]
 """
 
 from __future__ import annotations
@@ -38,7 +41,12 @@ def train_func(config: dict[str, Any]) -> None:
         model.module.load_state_dict(saved["model"])
         start = saved["step"] + 1
     rank = train.get_context().get_world_rank()
+    hang_marker = os.path.join(config["run_dir"], "hung-once")
     for step in range(start, config["steps"]):
+        if step == config["hang_at"] and rank == 0 and not os.path.exists(hang_marker):
+            open(hang_marker, "w").close()
+            print(f"rank 0 hangs at step {step}", flush=True)
+            time.sleep(10**6)
         generator = torch.Generator().manual_seed(step * 100 + rank)
         inputs = torch.randn(32, 8, generator=generator)
         loss = ((model(inputs) - inputs.sum(dim=1, keepdim=True)) ** 2).mean()
@@ -66,11 +74,12 @@ def train_func(config: dict[str, Any]) -> None:
 
 def main() -> None:
     name, steps, step_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    hang_at = int(sys.argv[4]) if len(sys.argv) > 4 else -1
     run_dir = os.path.join(STORAGE, name)
     os.makedirs(run_dir, exist_ok=True)
     trainer = TorchTrainer(
         train_func,
-        train_loop_config={"steps": steps, "step_s": step_s, "run_dir": run_dir},
+        train_loop_config={"steps": steps, "step_s": step_s, "run_dir": run_dir, "hang_at": hang_at},
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
         run_config=RunConfig(name=name, storage_path=STORAGE, failure_config=FailureConfig(max_failures=3)),
     )

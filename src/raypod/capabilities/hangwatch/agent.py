@@ -1,11 +1,12 @@
 """The monitoring agent of one node: ``python -m raypod.capabilities.hangwatch.agent DIR``.
 
-It follows every Ray Train rank on its node through the files the ranks write (``ranks/``) and their logs, and
-each poll: matches new log lines against the rules, asks the detector for a verdict per run, and on a detection
-gathers diagnostics (py-spy stacks, last log lines), writes them to ``detections/``, writes a line into each
-rank's log (Ray streams it to the job's log) and, with ``cancel``, kills the hung ranks so Ray Train's
-``FailureConfig`` restarts the run from its last checkpoint. It never changes the cluster; the control plane
-reads ``status.json`` and ``detections/`` and does the rest (events, metrics, webhook, failing a job).
+It follows every Ray Train rank on its node through the files the ranks write (``ranks/``) and their logs. Each
+poll it matches new log lines against the rules and writes what it sees to ``status.json``. A rule's verdict
+(a fault line, a rule's timeout) is its own to make; the no-progress verdict spans the run's nodes, so the
+control plane makes it from every node's status and hands it over in ``requests/``. On a detection the agent
+gathers diagnostics (py-spy stacks, last log lines) into ``detections/``, writes a line into each rank's log
+(Ray streams it to the job's log) and, with ``cancel``, kills its hung ranks so Ray Train's ``FailureConfig``
+restarts the run from its last checkpoint. It never changes the cluster.
 
 Its timers live in the ranks' files and ``state.json``: an agent killed and restarted goes on where it was.
 """
@@ -27,6 +28,7 @@ from raypod.capabilities.hangwatch import detector, diagnostics, layout, logs
 log = logging.getLogger("raypod.hangwatch")
 
 FORGET_DEAD_S = 600.0
+REQUEST_CHECK_S = 0.2
 
 
 class Agent:
@@ -43,8 +45,10 @@ class Agent:
             for pid, clocks in (saved.get("rules") or {}).items()
         }
         self.offsets: dict[str, int] = {str(k): int(v) for k, v in (saved.get("offsets") or {}).items()}
-        # run_id -> {"attempts": [attempts detected], "count": hangs with no progress in between, "at": time}
+        # run_id -> {"attempts": [attempts detected], "count": faults with no progress in between, "at": time}
         self.runs: dict[str, dict[str, Any]] = saved.get("runs") or {}
+        self.handled: list[str] = list(saved.get("handled") or [])
+        self._by_run: dict[tuple[str, str], list[detector.RankState]] = {}
 
     # -- one poll ------------------------------------------------------------------------------------------
 
@@ -54,38 +58,70 @@ class Agent:
         for pid in dead:
             self._tails.pop(pid, None)
             self._cpu.pop(pid, None)
-        by_run: dict[str, list[detector.RankState]] = {}
+        by_run: dict[tuple[str, str], list[detector.RankState]] = {}
         for record in live:
             state = detector.RankState(record, self.rules.setdefault(str(record["pid"]), {}))
-            by_run.setdefault(str(record.get("run_id")), []).append(state)
+            by_run.setdefault((str(record.get("run_id")), str(record.get("attempt"))), []).append(state)
+        self._by_run = by_run
         statuses = []
-        for run_id, ranks in by_run.items():
+        for (run_id, attempt), ranks in by_run.items():
             settings = detector.settings_of(self.settings, ranks)
             for state in ranks:
                 self._read_log(settings, state, now)
-            statuses.append(self._watch(run_id, settings, ranks, now))
+            statuses.append(self._watch(run_id, attempt, settings, ranks, now))
         layout.write_json(
             self.root / "status.json",
             {"agent_pid": os.getpid(), "time": now, "poll_s": self.settings.poll, "runs": statuses},
         )
+        self.handle_requests(now)
         self._save()
 
+    def handle_requests(self, now: float) -> None:
+        """Act on the control plane's verdicts for runs with ranks here; each request once (a restart too)."""
+        directory = self.root / "requests"
+        for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+            request = layout.read_json(path)
+            if request is None or path.stem in self.handled:
+                continue
+            self.handled = [*self.handled[-200:], path.stem]
+            ranks = self._by_run.get((str(request.get("run_id")), str(request.get("attempt"))), [])
+            if ranks:
+                verdict = detector.Verdict(
+                    str(request.get("kind", "hang")),
+                    str(request.get("reason", "")),
+                    list(request.get("ranks") or []),
+                    float(request.get("last_progress") or now),
+                    request.get("timeout_s"),
+                )
+                settings = detector.settings_of(self.settings, ranks)
+                count = int(request.get("hangs_without_progress") or 1)
+                self._detect(
+                    str(request["run_id"]),
+                    str(request["attempt"]),
+                    settings,
+                    ranks,
+                    verdict,
+                    count,
+                    now,
+                    action=str(request.get("action", "notify")),
+                    detection_id=path.stem,
+                )
+            self._save()
+
     def _watch(
-        self, run_id: str, settings: spec_mod.HangwatchSpec, ranks: list[detector.RankState], now: float
+        self, run_id: str, attempt: str, settings: spec_mod.HangwatchSpec, ranks: list[detector.RankState], now: float
     ) -> dict[str, Any]:
         run = self.runs.setdefault(run_id, {"attempts": [], "count": 0, "at": None})
-        attempt = str(ranks[0].record.get("attempt"))
         if run["at"] is not None and any((r.record.get("last_report") or 0) > run["at"] for r in ranks):
-            # Progress since the last detection: the hang is over, and the count of hangs in a row starts again.
+            # Progress since the last detection: the fault is over, and the count in a row starts again.
             run["count"], run["at"] = 0, None
             run["attempts"] = [a for a in run["attempts"] if a != attempt]
         verdict = detector.evaluate(settings, ranks, now)
-        detection = None
         if verdict is not None and attempt not in run["attempts"]:
             run["attempts"] = [*run["attempts"][-20:], attempt]
             run["count"] += 1
             run["at"] = now
-            detection = self._detect(run_id, attempt, settings, ranks, verdict, run["count"], now)
+            self._detect(run_id, attempt, settings, ranks, verdict, run["count"], now)
         first = min(ranks, key=lambda r: r.rank).record
         return {
             "run_id": run_id,
@@ -93,9 +129,10 @@ class Agent:
             "attempt": attempt,
             "job_id": first.get("job_id"),
             "raypod_job": first.get("raypod_job"),
-            "hung": verdict is not None,
-            "detection": detection,
+            "world_size": first.get("world_size"),
+            "enabled": settings.enabled,
             "action": settings.action.value,
+            "max_hang_restarts": settings.max_hang_restarts,
             "ranks": [self._rank_status(settings, r, now) for r in sorted(ranks, key=lambda r: r.rank)],
         }
 
@@ -109,6 +146,7 @@ class Agent:
             "last_report": record.get("last_report"),
             "stalled_s": detector.stalled_for(record, now),
             "timeout_s": detector.timeout_of(settings, record),
+            "last_progress": record.get("clock"),
             "slowest_step_s": record.get("slowest_step_s"),
             "paused": record.get("paused"),
             "cpu_pct": self._cpu_pct(int(record["pid"]), now),
@@ -125,21 +163,19 @@ class Agent:
         verdict: detector.Verdict,
         count: int,
         now: float,
+        *,
+        action: str | None = None,
+        detection_id: str | None = None,
     ) -> str:
         started = time.monotonic()
         pids = [int(r.record["pid"]) for r in ranks]
         stacks = diagnostics.dump_stacks(pids)
         diagnostics_s = time.monotonic() - started
-        exhausted = settings.action is spec_mod.HangAction.CANCEL and count > settings.max_hang_restarts
-        if exhausted:
-            action = "fail-job"
-        elif settings.action is spec_mod.HangAction.CANCEL:
-            action = "cancel"
-        else:
-            action = "notify"
+        action = action or detector.action_for(settings, count)
         order = sorted(ranks, key=lambda r: float(r.record.get("clock") or now))
         first = order[0].record
-        detection_id = f"{run_id[:12]}-{attempt[:12]}-{first.get('node') or 'node'}-{verdict.kind}"
+        detection_id = detection_id or f"{run_id[:12]}-{attempt[:12]}-{verdict.kind}"
+        detection_id = f"{detection_id}-{first.get('node') or 'node'}"
         waits = [stacks[int(r.record["pid"])].waiting_in for r in ranks]
         detection = {
             "id": detection_id,
@@ -229,8 +265,7 @@ class Agent:
         return live, dead
 
     def _last_lines(self, state: detector.RankState) -> list[str]:
-        tail = self._tails.get(int(state.record["pid"]))
-        return list(tail.last_lines) if tail is not None else []
+        return logs.last_lines(state.record.get("log"))
 
     def _read_log(self, settings: spec_mod.HangwatchSpec, state: detector.RankState, now: float) -> None:
         pid, path = int(state.record["pid"]), state.record.get("log")
@@ -267,6 +302,7 @@ class Agent:
                 "rules": {pid: {n: c.to_json() for n, c in clocks.items()} for pid, clocks in self.rules.items()},
                 "offsets": self.offsets,
                 "runs": self.runs,
+                "handled": self.handled,
             },
         )
 
@@ -308,13 +344,30 @@ def main(argv: list[str]) -> None:
 
     signal.signal(signal.SIGTERM, _stop)
     log.info("hangwatch agent %d follows %s", os.getpid(), root)
+    requests = root / "requests"
     while not stop:
         started = time.monotonic()
         try:
             agent.poll(time.time())
         except Exception:
             log.exception("hangwatch poll failed")
-        time.sleep(max(0.05, agent.settings.poll - (time.monotonic() - started)))
+        # Between polls, look for the control plane's requests often: a stat of one directory.
+        seen = _mtime(requests)
+        while not stop and time.monotonic() - started < agent.settings.poll:
+            time.sleep(REQUEST_CHECK_S)
+            if _mtime(requests) != seen:
+                seen = _mtime(requests)
+                try:
+                    agent.handle_requests(time.time())
+                except Exception:
+                    log.exception("hangwatch request failed")
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""Pure: a run's ranks on one node, its settings and its rules' clocks -> is it hung, and why. No I/O, no clock.
+"""Pure: is a Ray Train run hung, and why. No I/O, no clock (``now`` is passed in).
 
-A rank makes progress when a ``ray.train.report`` returns. A run is hung when every one of its live ranks on
-the node has gone without progress for the run's timeout (before the first report: the start timeout), none of
-them paused (a checkpoint being saved, ``raypod.hangwatch.paused()``). In data-parallel training ranks move in
-step: one stuck rank stops the others at their next collective, so each node's agent sees the hang.
+A rank makes progress when a ``ray.train.report`` returns. A run is hung when every one of its ranks has gone
+without progress for the run's timeout (before its first report: the start timeout) and none of them is paused
+(a checkpoint being saved, ``raypod.hangwatch.paused()``): ``hang_verdict``, which the control plane applies
+across the run's nodes. Rules are per rank and need no other node: ``evaluate``, which each node's agent applies
+to its own ranks (a fault line is acted on at once).
 """
 
 from __future__ import annotations
@@ -86,8 +87,51 @@ def stalled_for(record: dict[str, Any], now: float) -> float | None:
     return max(0.0, now - float(record.get("clock") or now))
 
 
+@dataclass(frozen=True)
+class RankView:
+    """One rank as the control plane sees it from its node's agent (the inputs of ``hang_verdict``)."""
+
+    rank: int
+    stalled_s: float | None  # None: paused
+    timeout_s: float
+    reports: int
+    last_progress: float
+
+
+def action_for(settings: spec_mod.HangwatchSpec, count: int) -> str:
+    """notify; cancel; or, past ``max_hang_restarts`` in a row with no progress, fail-job (a restart loop helps
+    no one)."""
+    if settings.action is not spec_mod.HangAction.CANCEL:
+        return "notify"
+    return "fail-job" if count > settings.max_hang_restarts else "cancel"
+
+
+def hang_verdict(ranks: list[RankView], world_size: int) -> Verdict | None:
+    """A run is hung when every one of its ``world_size`` ranks, on every node, has gone without progress for
+    its timeout and none is paused. A rank not seen (its node's agent silent) makes the answer unknown: None.
+
+    One node alone cannot tell: while rank 0 saves a checkpoint (paused), rank 1 waits in the next collective,
+    as stuck-looking as in a real hang."""
+    if not ranks or len({r.rank for r in ranks}) < world_size:
+        return None
+    if any(r.stalled_s is None or r.stalled_s < r.timeout_s for r in ranks):
+        return None
+    ordered = sorted(ranks, key=lambda r: r.last_progress)
+    worst = max(ranks, key=lambda r: r.stalled_s or 0.0)
+    phase = "start-up (no report yet)" if not worst.reports else "training"
+    return Verdict(
+        "hang",
+        f"no progress from any of the {world_size} ranks for {worst.stalled_s or 0.0:.0f} s during {phase} "
+        f"(timeout {worst.timeout_s:.0f} s); rank {ordered[0].rank} stalled first",
+        [r.rank for r in ordered],
+        ordered[0].last_progress,
+        worst.timeout_s,
+    )
+
+
 def evaluate(settings: spec_mod.HangwatchSpec, ranks: list[RankState], now: float) -> Verdict | None:
-    """The run's verdict at ``now`` (None: not hung). Rule clocks' ``breaches`` are advanced here."""
+    """The verdict of a run's rules on this node's ranks at ``now``: a fault line, or a rule's timeout (None:
+    neither). Rule clocks' ``breaches`` are advanced here. The no-progress verdict spans nodes: ``hang_verdict``."""
     if not settings.enabled or not ranks:
         return None
     for state in ranks:
@@ -102,25 +146,6 @@ def evaluate(settings: spec_mod.HangwatchSpec, ranks: list[RankState], now: floa
                     None,
                     rule.name,
                 )
-    stalls: list[tuple[RankState, float, float]] = []
-    for state in ranks:
-        stalled = stalled_for(state.record, now)
-        limit = timeout_of(settings, state.record)
-        if stalled is None or stalled < limit:
-            stalls = []
-            break
-        stalls.append((state, stalled, limit))
-    if stalls:
-        worst = max(stalls, key=lambda item: item[1])
-        phase = "start-up (no report yet)" if not worst[0].record.get("reports") else "training"
-        ranks_text = ", ".join(str(s.rank) for s, _, _ in sorted(stalls, key=lambda item: -item[1]))
-        return Verdict(
-            "hang",
-            f"no progress from rank(s) {ranks_text} for {worst[1]:.0f} s during {phase} (timeout {worst[2]:.0f} s)",
-            [s.rank for s, _, _ in stalls],
-            min(float(s.record.get("clock") or now) for s, _, _ in stalls),
-            worst[2],
-        )
     return _rule_verdict(settings, ranks, now)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections import deque
 from typing import Any
 
 import re2
@@ -21,6 +20,24 @@ def compile_pattern(pattern: str) -> Any:
     return re2.compile(pattern, _OPTIONS)
 
 
+def last_lines(path: str | None, count: int = TAIL_LINES, max_bytes: int = 64 * 1024) -> list[str]:
+    """The file's last ``count`` lines, from at most its last ``max_bytes`` (each cut to 1000 characters)."""
+    if not path:
+        return []
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            data = handle.read(max_bytes)
+    except OSError:
+        return []
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    if size > max_bytes and lines:
+        lines = lines[1:]  # the first one is cut
+    return [line[:1000] for line in lines[-count:]]
+
+
 class LogTail:
     """New complete lines of one file since the last read; its offset is what a restarted agent resumes from."""
 
@@ -29,7 +46,6 @@ class LogTail:
         self.offset = offset
         self._partial = b""
         self._skipping = False
-        self.last_lines: deque[str] = deque(maxlen=TAIL_LINES)
 
     def read(self) -> list[str]:
         try:
@@ -67,6 +83,4 @@ class LogTail:
         return lines
 
     def _finish(self, data: bytes) -> str:
-        line = data.decode("utf-8", errors="replace").rstrip("\r")
-        self.last_lines.append(line[:1000])
-        return line
+        return data.decode("utf-8", errors="replace").rstrip("\r")
