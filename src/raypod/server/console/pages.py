@@ -20,7 +20,7 @@ import raypod
 from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.backends.kuberay import manifests
-from raypod.controlplane import identity, jobs, service, store
+from raypod.controlplane import hangs, identity, jobs, service, store
 from raypod.server import auth
 from raypod.server.console import views
 from raypod.server.routes.clusters import NamePath
@@ -219,6 +219,22 @@ def new_job_page(request: Request, namespace: NamePath, name: NamePath) -> Respo
     )
 
 
+def _training(request: Request) -> hangs.HangCollector:
+    collector: hangs.HangCollector = request.app.state.hangs
+    return collector
+
+
+def _training_of(request: Request, job: state.JobView) -> tuple[list[state.RunProgress], list[state.HangDetection]]:
+    """The job's live Ray Train runs (per rank) and its hang detections, newest first."""
+    collector = _training(request)
+    try:
+        uid = _clusters(request).store.get(job.namespace, job.cluster).uid
+    except errors.NotFound:
+        return [], []
+    runs = [run for run in collector.runs(uid) if run.job == job.id]
+    return runs, collector.records.list(job.namespace, job.cluster, job.id, limit=20)
+
+
 @router.get("/jobs/{job_id}")
 def job_page(
     request: Request, job_id: JobIdPath, attempt: Annotated[int | None, Query(ge=1, le=100)] = None
@@ -226,12 +242,15 @@ def job_page(
     principal = _viewer(request)
     job = _jobs(request).get(principal, job_id)
     shown = attempt if attempt is not None and attempt <= len(job.attempts) else len(job.attempts)
+    runs, hung = _training_of(request, job)
     return _render(
         request,
         principal,
         "job.html",
         ("job_status",),
         job=job,
+        runs=runs,
+        hangs=hung,
         shown=shown,
         submission=job.attempts[shown - 1].submission_id if shown else "",
         terminal=job.status in views.TERMINAL_JOB_STATES,
