@@ -32,7 +32,7 @@ from ray.train.torch import TorchTrainer
 import raypod.hangwatch
 
 STORAGE = os.environ.get("RAYPOD_SHARED_DIR", tempfile.gettempdir())
-PHASE_S = float(os.environ.get("PHASE_S", "5"))  # slow start, slow upload, evaluation: each past the timeout
+PHASE_S = float(os.environ.get("PHASE_S", "4"))  # slow start, slow upload, evaluation: each past the timeout
 
 
 def slow_upload(checkpoint: Checkpoint, directory_name: str) -> Checkpoint:
