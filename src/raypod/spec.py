@@ -412,7 +412,10 @@ class HangOverrides(_Strict):
     rules: list[HangRuleSpec] | None = Field(None, max_length=MAX_HANG_RULES)
     max_hang_restarts: int | None = Field(None, ge=0, le=100)
 
-    _unique = field_validator("rules")(classmethod(lambda cls, v: v if v is None else _check_rule_names(v)))
+    @field_validator("rules")
+    @classmethod
+    def _unique_rules(cls, value: list[HangRuleSpec] | None) -> list[HangRuleSpec] | None:
+        return None if value is None else _check_rule_names(value)
 
 
 class HangwatchSpec(_Strict):
@@ -436,7 +439,10 @@ class HangwatchSpec(_Strict):
     poll: Duration = Field(2.0, ge=0.2, le=60, description="How often each node's agent looks.")
     webhook_url: str | None = Field(None, max_length=2048, description="POSTed a JSON detection (http/https).")
 
-    _unique = field_validator("rules")(classmethod(lambda cls, v: _check_rule_names(v)))
+    @field_validator("rules")
+    @classmethod
+    def _unique_rules(cls, value: list[HangRuleSpec]) -> list[HangRuleSpec]:
+        return _check_rule_names(value)
 
     @field_validator("webhook_url")
     @classmethod

@@ -5,13 +5,14 @@ Every process started here is stopped at the end, including Ray nodes left behin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import pytest
 from raypod import state
 from raypod.backends import local
 from raypod.client import Client
+from raypod.testing import free_port
 from tests.conftest import REPO
 
 CHROMIUM = os.environ.get("RAYPOD_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -178,3 +180,30 @@ def log_in(page: Any, server: RaypodServer, path: str = "/") -> None:
     page.get_by_label("API token").fill(server.admin_token)
     page.get_by_role("button", name="Log in").click()
     page.wait_for_url(f"{server.url}{path}")
+
+
+@contextlib.contextmanager
+def module_server(factory: pytest.TempPathFactory, name: str) -> Iterator[RaypodServer]:
+    """A server for a test module; every cluster it still has is deleted (and waited for) before it stops."""
+    started = RaypodServer(factory.mktemp(name), free_port())
+    started.start()
+    try:
+        yield started
+    finally:
+        with started.client() as api:
+            for view in api.clusters.list():
+                api.clusters.delete(view.spec.name, view.spec.namespace)
+            for view in api.clusters.list():
+                api.clusters.wait_deleted(view.spec.name, view.spec.namespace, timeout=120)
+        started.stop()
+
+
+def wait_until(check: Callable[[], Any], what: str, timeout: float = 120) -> Any:
+    """``check()``'s first truthy answer, asked every 0.2 s; fails the test past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)

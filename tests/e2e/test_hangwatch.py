@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
@@ -20,8 +19,7 @@ import pytest
 from raypod import spec as spec_mod
 from raypod import state
 from raypod.client import Client
-from raypod.testing import free_port
-from tests.e2e.conftest import RaypodServer, cluster_processes
+from tests.e2e.conftest import RaypodServer, cluster_processes, module_server, wait_until
 from tests.e2e.test_gateway import ray_cli
 
 pytestmark = [
@@ -43,17 +41,8 @@ CLUSTER = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaypodServer]:
-    started = RaypodServer(tmp_path_factory.mktemp("raypod-hangwatch"), free_port())
-    started.start()
-    try:
+    with module_server(tmp_path_factory, "raypod-hangwatch") as started:
         yield started
-    finally:
-        with started.client() as api:
-            for view in api.clusters.list():
-                api.clusters.delete(view.spec.name, view.spec.namespace)
-            for view in api.clusters.list():
-                api.clusters.wait_deleted(view.spec.name, view.spec.namespace, timeout=120)
-        started.stop()
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +50,6 @@ def cluster(server: RaypodServer) -> state.ClusterView:
     with server.client() as api:
         api.clusters.create(CLUSTER)
         return api.clusters.wait_ready("hw", timeout=240)
-
-
-def wait_until(check: Callable[[], Any], what: str, timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def submit(api: Client, script: str, args: str, metadata: dict[str, str] | None = None) -> state.JobView:

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,7 @@ from raypod import spec as spec_mod
 from raypod import state
 from raypod.backends import local
 from raypod.client import Client
-from raypod.testing import free_port
-from tests.e2e.conftest import RaypodServer, cluster_processes
+from tests.e2e.conftest import RaypodServer, cluster_processes, module_server, wait_until
 
 pytestmark = [
     pytest.mark.e2e,
@@ -50,17 +49,8 @@ TRAINING = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaypodServer]:
-    started = RaypodServer(tmp_path_factory.mktemp("raypod-resilience"), free_port())
-    started.start()
-    try:
+    with module_server(tmp_path_factory, "raypod-resilience") as started:
         yield started
-    finally:
-        with started.client() as api:
-            for view in api.clusters.list():
-                api.clusters.delete(view.spec.name, view.spec.namespace)
-            for view in api.clusters.list():
-                api.clusters.wait_deleted(view.spec.name, view.spec.namespace, timeout=120)
-        started.stop()
 
 
 @pytest.fixture(scope="module")
@@ -68,16 +58,6 @@ def training(server: RaypodServer) -> state.ClusterView:
     with server.client() as api:
         api.clusters.create(TRAINING)
         return api.clusters.wait_ready("resilient", timeout=240)
-
-
-def wait_until(check: Callable[[], Any], what: str, timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def events_since(api: Client, cluster: str, since: float, node: str | None = None) -> list[state.Event]:

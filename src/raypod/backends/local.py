@@ -376,11 +376,9 @@ class LocalBackend:
             return
         try:
             environment = psutil.Process(record.pid).environ()
-            argv = [sys.executable, "-m", "raypod.capabilities.hangwatch.agent", record.hangwatch_dir]
-            if self.sandbox:
-                inside = self._inside_pid(record)
-                drop = ["--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs"]
-                argv = ["nsenter", f"--target={inside}", "--mount", "--pid", "--", "setpriv", *drop, "--", *argv]
+            argv = self._as_node(
+                record, [sys.executable, "-m", "raypod.capabilities.hangwatch.agent", record.hangwatch_dir]
+            )
         except (psutil.Error, errors.RaypodError):
             return  # the node is starting or stopping: next pass
         if record.hangwatch_pid:
@@ -410,11 +408,7 @@ class LocalBackend:
             environment = psutil.Process(record.pid).environ()
         except (psutil.NoSuchProcess, psutil.AccessDenied) as exc:
             raise errors.NotFound(f"node {name} is not running") from exc
-        argv = ["/bin/sh", "-c", command]
-        if self.sandbox:
-            inside = self._inside_pid(record)
-            drop = ["--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs"]
-            argv = ["nsenter", f"--target={inside}", "--mount", "--pid", "--", "setpriv", *drop, "--", *argv]
+        argv = self._as_node(record, ["/bin/sh", "-c", command])
         return commands.run_command(argv, timeout_s=timeout_s, env=environment, cwd="/")
 
     def release(self, cluster_id: str) -> None:
@@ -560,6 +554,19 @@ class LocalBackend:
         for pid, child in list(self._children.items()):
             if child.poll() is not None:
                 del self._children[pid]
+
+    def _as_node(self, record: _NodeRecord, argv: list[str]) -> list[str]:
+        """``argv`` run as the node runs: inside its mount and PID namespaces, without capabilities, when nodes
+        are sandboxed (it sees the node's files and process ids, and can do no more than the node).
+
+        Raises:
+            TransientError: the node is still starting. NotFound: it is not running.
+        """
+        if not self.sandbox:
+            return argv
+        drop = ["--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs"]
+        inside = self._inside_pid(record)
+        return ["nsenter", f"--target={inside}", "--mount", "--pid", "--", "setpriv", *drop, "--", *argv]
 
     def _inside_pid(self, record: _NodeRecord) -> int:
         """A process inside a sandboxed node's namespaces: the first child of its ``unshare`` (found once; a

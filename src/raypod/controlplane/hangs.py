@@ -28,6 +28,7 @@ from raypod.capabilities.observability import metrics
 from raypod.controlplane import schema, store
 from raypod.controlplane.jobs.service import JobService
 from raypod.controlplane.jobs.supervisor import imported_id
+from raypod.controlplane.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +78,6 @@ class HangRecords:
         query = query.order_by(table.c.detected_at.desc()).limit(limit)
         with self.engine.connect() as connection:
             return [state.HangDetection.model_validate_json(r[0]) for r in connection.execute(query)]
-
-    def forget_cluster(self, uid: str) -> None:
-        with self.engine.begin() as connection:
-            connection.execute(schema.hang_detections.delete().where(schema.hang_detections.c.cluster_uid == uid))
 
 
 def merge(existing: state.HangDetection, found: state.HangDetection) -> state.HangDetection:
@@ -136,35 +133,24 @@ def from_agent(view: state.ClusterView, data: dict[str, Any]) -> state.HangDetec
     )
 
 
-class HangCollector:
+class HangCollector(Periodic):
     """A thread that collects every cluster's agents' reports each ``interval_s``."""
 
+    thread_name = "raypod-hangs"
+
     def __init__(self, db: store.Store, jobs: JobService, interval_s: float = 1.0) -> None:
+        super().__init__(interval_s)
         self.store = db
         self.jobs = jobs
         self.backend = jobs.clusters.backend
         self.records = HangRecords(db.engine)
-        self.interval_s = interval_s
         self.progress: dict[str, list[state.RunProgress]] = {}
         self._seen: dict[Path, float] = {}  # detection file -> its mtime when merged
-        self._requested: dict[str, float] = {}  # hang requests handed to agents, by id
+        self._requested: set[str] = set()  # hang requests handed to agents, by id
         self._hangs: dict[str, tuple[int, float]] = {}  # run id -> (hangs in a row, when the last one was)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="raypod-hangs", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.collect_once()
-            except Exception:
-                log.exception("hang collection pass failed")
+    def run_once(self) -> None:
+        self.collect_once()
 
     def collect_once(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
@@ -244,7 +230,7 @@ class HangCollector:
             return
         count += 1
         self._hangs[run.run_id] = (count, time.time())
-        self._requested[request_id] = time.time()
+        self._requested.add(request_id)
         settings = spec_mod.HangwatchSpec(
             action=spec_mod.HangAction(run.action or "notify"),
             max_hang_restarts=run.max_hang_restarts if run.max_hang_restarts is not None else 3,

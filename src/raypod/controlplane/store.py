@@ -19,7 +19,7 @@ from sqlalchemy import event as sa_event
 
 from raypod import errors, state
 from raypod import spec as spec_mod
-from raypod.controlplane.schema import clusters, events, node_requests
+from raypod.controlplane.schema import clusters, events, hang_detections, node_requests
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -146,6 +146,7 @@ class Store:
         with self.engine.begin() as connection:
             connection.execute(clusters.delete().where(clusters.c.uid == uid))
             connection.execute(node_requests.delete().where(node_requests.c.cluster_uid == uid))
+            connection.execute(hang_detections.delete().where(hang_detections.c.cluster_uid == uid))
 
     # -- events --------------------------------------------------------------------------------------------
 

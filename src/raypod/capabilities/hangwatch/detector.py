@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raypod import spec as spec_mod
+from raypod.capabilities.hangwatch import logs
 
 ADAPTIVE_FACTOR = 5.0
 
@@ -202,9 +203,7 @@ def match_line(
 
 
 def _search(compiled: dict[str, Any], pattern: str, line: str) -> bool:
-    from raypod.capabilities.hangwatch.logs import compile_pattern
-
     matcher = compiled.get(pattern)
     if matcher is None:
-        matcher = compiled[pattern] = compile_pattern(pattern)
+        matcher = compiled[pattern] = logs.compile_pattern(pattern)
     return matcher.search(line) is not None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -18,6 +17,7 @@ from raypod.capabilities.observability import metrics
 from raypod.controlplane import store
 from raypod.controlplane.jobs import retry
 from raypod.controlplane.jobs.service import JobService
+from raypod.controlplane.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -26,30 +26,19 @@ IMPORTED_PHASES = frozenset({state.ClusterPhase.READY, state.ClusterPhase.DEGRAD
 LOST_ATTEMPT = "Ray has no record of this attempt: the cluster's head was replaced and its job table with it"
 
 
-class JobSupervisor:
+class JobSupervisor(Periodic):
     """A thread that runs ``supervise_once`` every ``interval_s``."""
 
+    thread_name = "raypod-jobs"
+
     def __init__(self, jobs: JobService, interval_s: float = 1.0, import_interval_s: float = IMPORT_INTERVAL_S) -> None:
+        super().__init__(interval_s)
         self.jobs = jobs
-        self.interval_s = interval_s
         self.import_interval_s = import_interval_s
         self._last_import = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="raypod-jobs", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.supervise_once()
-            except Exception:
-                log.exception("job supervision pass failed")
+    def run_once(self) -> None:
+        self.supervise_once()
 
     def supervise_once(self) -> None:
         """Import new plain-Ray jobs (every ``import_interval_s``), then refresh every active job."""
