@@ -241,6 +241,7 @@ class HangRank(BaseModel):
     last_report: float | None = Field(None, description="Unix time of its last ray.train.report.")
     stalled_s: float | None = None
     cpu_pct: float | None = None
+    gpu_pct: float | None = Field(None, description="Utilisation of its GPUs (NVML), where it has any.")
     waiting_in: str | None = Field(None, description="The innermost frame of its training thread.")
     stack: str | None = Field(None, description="py-spy dump of the process.")
     stack_error: str | None = Field(None, description="Why there is no stack (py-spy missing, ptrace denied).")
@@ -284,6 +285,7 @@ class RankProgress(BaseModel):
     slowest_step_s: float | None = None
     paused: str | None = None
     cpu_pct: float | None = None
+    gpu_pct: float | None = None
 
 
 class RunProgress(BaseModel):

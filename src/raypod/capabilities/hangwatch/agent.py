@@ -24,6 +24,7 @@ from typing import Any
 
 from raypod import spec as spec_mod
 from raypod.capabilities.hangwatch import detector, diagnostics, layout, logs
+from raypod.capabilities.hangwatch.gpu import GpuUse, visible_devices
 
 log = logging.getLogger("raypod.hangwatch")
 
@@ -32,12 +33,13 @@ REQUEST_CHECK_S = 0.2
 
 
 class Agent:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, gpus: GpuUse | None = None) -> None:
         self.root = root
+        self.gpus = gpus
         self.settings = spec_mod.HangwatchSpec()
         self._config_mtime = -1.0
         self._tails: dict[int, logs.LogTail] = {}
-        self._cpu: dict[int, tuple[float, float]] = {}  # pid -> (cpu seconds, when)
+        self._cpu: dict[int, tuple[float, float, float | None]] = {}  # pid -> (cpu seconds, when, its last %)
         self._compiled: dict[str, Any] = {}
         saved = layout.read_json(root / "state.json") or {}
         self.rules: dict[str, dict[str, detector.RuleClock]] = {
@@ -150,6 +152,7 @@ class Agent:
             "slowest_step_s": record.get("slowest_step_s"),
             "paused": record.get("paused"),
             "cpu_pct": self._cpu_pct(int(record["pid"]), now),
+            "gpu_pct": self._gpu_pct(int(record["pid"])),
         }
 
     # -- a detection ---------------------------------------------------------------------------------------
@@ -205,6 +208,7 @@ class Agent:
                     "last_report": r.record.get("last_report"),
                     "stalled_s": detector.stalled_for(r.record, now),
                     "cpu_pct": self._cpu_pct(int(r.record["pid"]), now),
+                    "gpu_pct": self._gpu_pct(int(r.record["pid"])),
                     "stack": stacks[int(r.record["pid"])].text,
                     "stack_error": stacks[int(r.record["pid"])].error,
                     "waiting_in": stacks[int(r.record["pid"])].waiting_in,
@@ -280,20 +284,27 @@ class Agent:
         self.offsets[str(pid)] = tail.offset
 
     def _cpu_pct(self, pid: int, now: float) -> float | None:
-        """CPU use since the previous poll (100 = one core), from /proc: an idle rank in a hang reads ~0."""
+        """CPU use since the previous poll (100 = one core), from /proc: an idle rank in a hang reads ~0. Asked
+        again within the same poll (a detection's diagnostics), it answers what the poll measured."""
+        before = self._cpu.get(pid)
+        if before is not None and now - before[1] < 0.5:
+            return before[2]
         try:
             with open(f"/proc/{pid}/stat") as handle:
                 fields = handle.read().rsplit(")", 1)[1].split()
             seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         except (OSError, IndexError, ValueError):
             return None
-        before = self._cpu.get(pid)
-        if before is None or now - before[1] < 0.5:
-            if before is None:
-                self._cpu[pid] = (seconds, now)
+        pct = None if before is None else round(100.0 * (seconds - before[0]) / (now - before[1]), 1)
+        self._cpu[pid] = (seconds, now, pct)
+        return pct
+
+    def _gpu_pct(self, pid: int) -> float | None:
+        """Utilisation of the rank's GPUs (the busiest), where the node has GPUs and NVML."""
+        if self.gpus is None:
             return None
-        self._cpu[pid] = (seconds, now)
-        return round(100.0 * (seconds - before[0]) / (now - before[1]), 1)
+        devices = visible_devices(pid)
+        return None if devices is None else self.gpus.utilisation(devices)
 
     def _save(self) -> None:
         layout.write_json(
@@ -335,7 +346,7 @@ def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     root = Path(argv[1])
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    agent = Agent(root)
+    agent = Agent(root, GpuUse.from_host())
     stop = False
 
     def _stop(*_: object) -> None:
