@@ -94,3 +94,11 @@ def test_write_produces_dashboards_and_grafana_provisioning(tmp_path: Path) -> N
     provider = yaml.safe_load((tmp_path / "provisioning" / "dashboards" / "raypod.yaml").read_text())["providers"][0]
     assert provider["folder"] == "Ray"
     assert Path(provider["options"]["path"]) == (tmp_path / "dashboards").resolve()
+
+
+def test_the_train_dashboard_shows_hung_runs_filtered_by_cluster(everything: Dashboards) -> None:
+    found = dashboards.expressions(everything["ray-train"])
+    hangs = [expr for title, expr in found if "raypod_hung_jobs" in expr or "raypod_hang_" in expr]
+    assert len(hangs) == 3 and all('ray_io_cluster=~"$Cluster"' in expr for expr in hangs)
+    ids = [panel["id"] for panel in everything["ray-train"]["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids must stay unique"

@@ -104,6 +104,10 @@ def ray_dashboards() -> dict[str, dict[str, Any]]:
             variables.insert(1, _cluster_variable())
         dashboard["title"] = item.title
         dashboard["tags"] = sorted({*dashboard.get("tags", []), "raypod", "ray"})
+        if item.stem == "ray-train":
+            panels = dashboard.setdefault("panels", [])
+            top = max((p["gridPos"]["y"] + p["gridPos"]["h"] for p in panels if "gridPos" in p), default=0)
+            panels.extend(hang_panels(top, max((int(p.get("id", 0)) for p in panels), default=0) + 1))
         dashboard.pop("id", None)
         result[item.stem] = dashboard
     return result
@@ -112,23 +116,13 @@ def ray_dashboards() -> dict[str, dict[str, Any]]:
 def overview_dashboard() -> dict[str, Any]:
     """raypod's own view: clusters, nodes by state, node replacements and deaths, job attempts, gateway and
     reconcile latency."""
-    from grafana_foundation_sdk.builders import dashboard, prometheus, stat, timeseries
+    from grafana_foundation_sdk.builders import dashboard, stat
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
-    from grafana_foundation_sdk.models.dashboard import DataSourceRef
 
-    source = DataSourceRef(type_val="prometheus", uid="${datasource}")
-
-    def query(expr: str, legend: str) -> prometheus.Dataquery:
-        return prometheus.Dataquery().expr(expr).legend_format(legend)
-
-    def series(title: str, unit: str, *queries: prometheus.Dataquery) -> timeseries.Panel:
-        panel = timeseries.Panel().title(title).datasource(source).unit(unit).span(12).height(8)
-        for item in queries:
-            panel = panel.with_target(item)
-        return panel
+    source = _source()
 
     def number(title: str, expr: str) -> stat.Panel:
-        return stat.Panel().title(title).datasource(source).with_target(query(expr, title)).span(6).height(4)
+        return stat.Panel().title(title).datasource(source).with_target(_query(expr, title)).span(6).height(4)
 
     cluster = 'ray_io_cluster=~"$Cluster"'
     builder = (
@@ -152,19 +146,19 @@ def overview_dashboard() -> dict[str, Any]:
         .with_panel(number("Ready clusters", 'sum(raypod_clusters{phase="Ready"})'))
         .with_panel(number("Nodes running", f'sum(raypod_nodes{{phase="Running",{cluster}}})'))
         .with_panel(number("Nodes desired", f"sum(raypod_nodes_desired{{{cluster}}})"))
-        .with_panel(series("Clusters by phase", "short", query("sum by (phase) (raypod_clusters)", "{{phase}}")))
+        .with_panel(_series("Clusters by phase", "short", _query("sum by (phase) (raypod_clusters)", "{{phase}}")))
         .with_panel(
-            series(
+            _series(
                 "Nodes by state",
                 "short",
-                query(f"sum by (phase) (raypod_nodes{{{cluster}}})", "{{phase}}"),
+                _query(f"sum by (phase) (raypod_nodes{{{cluster}}})", "{{phase}}"),
             )
         )
         .with_panel(
-            series(
+            _series(
                 "Node starts, deaths and replacements",
                 "short",
-                query(
+                _query(
                     "sum by (ray_io_cluster, kind) "
                     f"(increase(raypod_node_events_total{{{cluster}}}[$__rate_interval]))",
                     "{{ray_io_cluster}} {{kind}}",
@@ -173,22 +167,22 @@ def overview_dashboard() -> dict[str, Any]:
         )
         .with_row(dashboard.Row("Jobs and the control plane"))
         .with_panel(
-            series(
+            _series(
                 "Job attempts by outcome",
                 "short",
-                query("sum by (outcome) (increase(raypod_job_attempts_total[$__rate_interval]))", "{{outcome}}"),
+                _query("sum by (outcome) (increase(raypod_job_attempts_total[$__rate_interval]))", "{{outcome}}"),
             )
         )
         .with_panel(
-            series(
+            _series(
                 "Gateway latency by route",
                 "s",
-                query(
+                _query(
                     "histogram_quantile(0.5, sum by (le, route) "
                     "(rate(raypod_gateway_request_duration_seconds_bucket[$__rate_interval])))",
                     "p50 {{route}}",
                 ),
-                query(
+                _query(
                     "histogram_quantile(0.95, sum by (le, route) "
                     "(rate(raypod_gateway_request_duration_seconds_bucket[$__rate_interval])))",
                     "p95 {{route}}",
@@ -196,10 +190,10 @@ def overview_dashboard() -> dict[str, Any]:
             )
         )
         .with_panel(
-            series(
+            _series(
                 "Reconcile pass duration",
                 "s",
-                query(
+                _query(
                     "histogram_quantile(0.95, sum by (le) (rate(raypod_reconcile_duration_seconds_bucket"
                     "[$__rate_interval])))",
                     "p95",
@@ -209,6 +203,70 @@ def overview_dashboard() -> dict[str, Any]:
     )
     built: dict[str, Any] = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
     return built
+
+
+def _source() -> Any:
+    from grafana_foundation_sdk.models.dashboard import DataSourceRef
+
+    return DataSourceRef(type_val="prometheus", uid="${datasource}")
+
+
+def _query(expr: str, legend: str) -> Any:
+    from grafana_foundation_sdk.builders import prometheus
+
+    return prometheus.Dataquery().expr(expr).legend_format(legend)
+
+
+def _series(title: str, unit: str, *queries: Any) -> Any:
+    from grafana_foundation_sdk.builders import timeseries
+
+    panel = timeseries.Panel().title(title).datasource(_source()).unit(unit).span(12).height(8)
+    for item in queries:
+        panel = panel.with_target(item)
+    return panel
+
+
+def hang_panels(top: int, first_id: int) -> list[dict[str, Any]]:
+    """Panels of raypod's hang detection (capabilities/hangwatch) for the Ray Train dashboard, from ``top``."""
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+
+    built = [
+        _series(
+            "Hung runs (raypod hangwatch)",
+            "short",
+            _query(f"sum by (ray_io_cluster) (raypod_hung_jobs{{{CLUSTER_FILTER}}})", "{{ray_io_cluster}}"),
+        ),
+        _series(
+            "Hang detections and time to detect",
+            "short",
+            _query(
+                "sum by (ray_io_cluster, kind, action) "
+                f"(increase(raypod_hang_detections_total{{{CLUSTER_FILTER}}}[$__rate_interval]))",
+                "{{ray_io_cluster}} {{kind}} {{action}}",
+            ),
+            _query(
+                "histogram_quantile(0.95, sum by (le) "
+                f"(rate(raypod_hang_detect_seconds_bucket{{{CLUSTER_FILTER}}}[$__rate_interval])))",
+                "p95 seconds from last progress to detection",
+            ),
+        ),
+    ]
+    panels = [
+        {
+            "type": "row",
+            "title": "Hung runs",
+            "collapsed": False,
+            "panels": [],
+            "id": first_id,
+            "gridPos": {"h": 1, "w": 24, "x": 0, "y": top},
+        }
+    ]
+    for index, builder in enumerate(built):
+        panel: dict[str, Any] = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
+        panel["id"] = first_id + 1 + index
+        panel["gridPos"] = {"h": 8, "w": 12, "x": 12 * index, "y": top + 1}
+        panels.append(panel)
+    return panels
 
 
 def all_dashboards() -> dict[str, dict[str, Any]]:
