@@ -8,7 +8,7 @@
   ``agent_cpu_pct`` is the CPU the agents used during the healthy runs, per agent, as a percent of one core;
   ``false_positives`` counts detections on the healthy runs.
 
-Usage: python benchmarks/hangwatch.py [--hangs 10] [--timeout 20] [--steps 300]
+Usage: python benchmarks/hangwatch.py [--hangs 10] [--timeout 20] [--steps 100]
 Last line: one JSON object. Goals: detect_over_timeout_p95_s <= 5, false_positives 0, agent_cpu_pct <= 1,
 step_time_overhead_pct <= 1, diagnostics_s <= 10.
 """
@@ -61,7 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hangs", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=20.0)
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args()
     spec = {
         "name": "hangbench",
@@ -100,8 +100,9 @@ def main() -> None:
                     job = run(f"steady {args.steps}", env)
                     agent_cpu += cpu_seconds(watched) - cpu_before
                     wall += (time.monotonic() - started) * max(1, len(watched))
-                    line = next(li for li in api.jobs.logs(job.id).splitlines() if li.startswith("STEPS "))
-                    steps[mode].extend(json.loads(line.removeprefix("STEPS "))[5:])
+                    # Printed by rank 0: Ray prefixes the line with the worker's name in the job's log.
+                    line = next(li for li in api.jobs.logs(job.id).splitlines() if "STEPS [" in li)
+                    steps[mode].extend(json.loads(line.split("STEPS ", 1)[1])[5:])
                     healthy.append(job)
             false_positives = sum(len(api.jobs.hangs("hangbench", job.id)) for job in healthy)
 
