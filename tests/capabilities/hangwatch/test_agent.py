@@ -98,6 +98,8 @@ def test_a_hang_request_gets_stacks_a_log_line_and_with_cancel_the_rank_killed(
     assert detection["diagnostics_s"] < 10
     assert rank_process.wait(timeout=10) == -9
     assert "[raypod hangwatch] hang detected" in log.read_text()
+    assert not list((tmp_path / "requests").glob("*.json")), "a handled request is removed"
+    request(tmp_path, "cancel")  # the control plane, restarted, hands it over again
     agent.poll(time.time())  # handled once: no second detection
     assert len(list(layout.detections_dir(tmp_path).glob("*.json"))) == 1
 

@@ -83,6 +83,7 @@ class Agent:
         directory = self.root / "requests"
         for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
             request = layout.read_json(path)
+            layout.with_suppressed_unlink(path)  # read once: a request left behind would only be skipped
             if request is None or path.stem in self.handled:
                 continue
             self.handled = [*self.handled[-200:], path.stem]
