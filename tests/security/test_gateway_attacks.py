@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from raypod import state
+from raypod.backends.local import NODE_VARIABLES
 from raypod.client._http import tls_verify
 from tests.e2e.conftest import RaypodServer
 from tests.e2e.test_gateway import ray_cli
@@ -233,7 +234,7 @@ def test_a_job_cannot_read_raypods_secrets_or_another_clusters_files_or_reach_it
             "token = os.environ.get('RAY_AUTH_TOKEN', '')\n"
             "print('token-sha', hashlib.sha256(token.encode()).hexdigest())\n"
             "print('raypod-vars', sorted(k for k in os.environ if k.startswith('RAYPOD_') and k not in "
-            "('RAYPOD_CLUSTER_ID', 'RAYPOD_NODE_NAME', 'RAYPOD_SHARED_DIR')))\n"
+            f"{NODE_VARIABLES!r}))\n"
             "for path in sys.argv[2:]:\n"
             "    try:\n"
             "        found = os.listdir(path) if os.path.isdir(path) else open(path, 'rb').read(16)\n"

@@ -49,6 +49,8 @@ HEAD_OVERHEAD_BYTES = 1800 * 2**20
 WORKER_OVERHEAD_BYTES = 350 * 2**20
 STOP_GRACE_S = 3.0
 MEMORY_SAMPLE_S = 15.0
+# What a node's processes are told about where they run: not secrets, the node's own names and directories.
+NODE_VARIABLES = (CLUSTER_MARKER, NODE_MARKER, SHARED_DIR_VARIABLE, hangwatch_layout.DIR_VARIABLE)
 NODE_PORTS = (
     "agent_port",
     "metrics_port",

@@ -5,7 +5,6 @@ to Ray, and the e2e tests run it on real clusters."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 
 from raypod.capabilities.hangwatch import agent as agent_mod
-from raypod.capabilities.hangwatch import layout, logs
+from raypod.capabilities.hangwatch import diagnostics, layout, logs
 
 
 @pytest.fixture
@@ -77,7 +76,7 @@ def request(root: Path, action: str) -> None:
 def test_a_hang_request_gets_stacks_a_log_line_and_with_cancel_the_rank_killed(
     tmp_path: Path, rank_process: subprocess.Popen[bytes]
 ) -> None:
-    if shutil.which("py-spy") is None:
+    if diagnostics.find_py_spy() is None:
         pytest.skip("py-spy is not installed")
     log = tmp_path / "worker.out"
     log.write_text("loading data\nstep 1\n")
@@ -107,7 +106,7 @@ def test_a_hang_request_gets_stacks_a_log_line_and_with_cancel_the_rank_killed(
 def test_without_py_spy_the_detection_says_so_and_still_happens(
     tmp_path: Path, rank_process: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(diagnostics, "find_py_spy", lambda: None)
     log = tmp_path / "worker.out"
     write_rank(tmp_path, rank_process.pid, log)
     request(tmp_path, "notify")

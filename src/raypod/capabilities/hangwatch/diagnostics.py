@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 DUMP_TIMEOUT_S = 8.0
 MAX_STACK_CHARS = 24 * 1024
@@ -23,11 +26,20 @@ class Stack:
     waiting_in: str | None  # the innermost frame of the training thread
 
 
+def find_py_spy() -> str | None:
+    """py-spy on PATH, or beside this interpreter: a virtual environment's scripts are not on PATH unless activated."""
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
+
+
 def dump_stacks(pids: list[int], timeout_s: float = DUMP_TIMEOUT_S) -> dict[int, Stack]:
     """Stacks of every process at once: the time taken is one dump's, not one per rank."""
     if not pids:
         return {}
-    py_spy = shutil.which("py-spy")
+    py_spy = find_py_spy()
     if py_spy is None:
         return {
             pid: Stack(pid, None, "py-spy is not installed on this node (pip install py-spy)", None) for pid in pids
