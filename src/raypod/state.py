@@ -302,3 +302,33 @@ class RunProgress(BaseModel):
     max_hang_restarts: int | None = None
     enabled: bool = True
     ranks: list[RankProgress] = Field(default_factory=list)
+
+
+# -- serving -------------------------------------------------------------------------------------------------
+
+
+class ServeReplica(BaseModel):
+    id: str
+    state: str
+    node_id: str | None = None
+    pid: int | None = None
+
+
+class DeploymentView(BaseModel):
+    """A model on a cluster's Ray Serve. ``status`` is Serve's own (RUNNING, DEPLOYING, DEPLOY_FAILED, UNHEALTHY,
+    DELETING), ``UNKNOWN`` while the cluster's dashboard does not answer, or raypod's ``SUBMITTED`` before Serve
+    knows the application."""
+
+    name: str
+    namespace: str
+    cluster: str
+    model: str
+    owner: str
+    spec: spec_mod.ServeDeploySpec
+    created_at: datetime
+    status: str = "SUBMITTED"
+    message: str = ""
+    engine: str = "cpu"
+    replicas: list[ServeReplica] = Field(default_factory=list)
+    openai_base_url: str = Field("", description="Path of the OpenAI-compatible API on raypod's server.")
+    deploy_job: str = ""

@@ -183,9 +183,11 @@ def log_in(page: Any, server: RaypodServer, path: str = "/") -> None:
 
 
 @contextlib.contextmanager
-def module_server(factory: pytest.TempPathFactory, name: str) -> Iterator[RaypodServer]:
+def module_server(
+    factory: pytest.TempPathFactory, name: str, extra_env: dict[str, str] | None = None
+) -> Iterator[RaypodServer]:
     """A server for a test module; every cluster it still has is deleted (and waited for) before it stops."""
-    started = RaypodServer(factory.mktemp(name), free_port())
+    started = RaypodServer(factory.mktemp(name), free_port(), extra_env=dict(extra_env or {}))
     started.start()
     try:
         yield started

@@ -70,6 +70,12 @@ class Backend(Protocol):
         as this host sees it; nodes without an agent are left out."""
         ...
 
+    def kv_store(self, cluster_id: str, max_bytes: int) -> str:
+        """Start (or find) a Redis for the cluster's shared KV cache tier, evicting least recently used entries past
+        ``max_bytes``; return the path, as the cluster's nodes see it, of a file (0600) holding its URL with its
+        password. Raises InvalidSpec where this backend cannot run one (give an L2 address instead)."""
+        ...
+
     def release(self, cluster_id: str) -> None: ...
 
     def dashboard_headers(self, cluster_id: str) -> dict[str, str]:

@@ -42,6 +42,8 @@ REDIS_PASSWORD_FILE = "redis-password"
 QUARANTINE_FILE = "quarantine.json"
 SHARED_DIR_VARIABLE = "RAYPOD_SHARED_DIR"
 REDIS_NODE = "_redis"  # the marker of the Redis process: names that start with "_" are never nodes
+KV_REDIS_NODE = "_kvredis"
+KV_URL_FILE = "kv-l2-url"
 UNSHARE = ("unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private")
 NODE_MARKER = "RAYPOD_NODE_NAME"
 INCARNATION_LABEL = "raypod.io/incarnation"
@@ -81,6 +83,8 @@ class _ClusterRecord:
     client_port: int
     temp_dir: str
     redis_port: int = 0  # of the Redis raypod runs for GCS fault tolerance, once there is one
+    serve_port: int = 0  # of the cluster's Ray Serve HTTP proxy (head only): each cluster has its own
+    kv_redis_port: int = 0  # of the Redis raypod runs for the KV cache's shared tier, once there is one
 
 
 @dataclass
@@ -191,6 +195,7 @@ class LocalBackend:
                 "dashboard": f"http://127.0.0.1:{cluster.dashboard_port}",
                 "gcs": f"127.0.0.1:{cluster.gcs_port}",
                 "client": f"ray://127.0.0.1:{cluster.client_port}",
+                "serve": f"http://127.0.0.1:{self._serve_port(cluster_id, cluster)}",
             },
             stray_nodes=frozenset(name for name in processes if name not in records and not name.startswith("_")),
             gcs_reachable=table.error is None,
@@ -592,24 +597,60 @@ class LocalBackend:
         in the cluster's directory, so a restarted Redis (or head) finds the GCS state again."""
         if cluster.redis_port and _processes_by_node(cluster_id).get(REDIS_NODE):
             return cluster
-        server = shutil.which("redis-server")
-        if server is None:
-            raise errors.PermanentError(
-                "GCS fault tolerance without a redis_address needs redis-server (apt-get install redis-server)"
-            )
         if not cluster.redis_port:
             (cluster.redis_port,) = _ports.allocate(1, self._reserved_ports())
             _write_json(self._cluster_dir(cluster_id) / "cluster.json", asdict(cluster))
         directory = self._cluster_dir(cluster_id) / "redis"
+        self._start_redis(
+            cluster_id,
+            REDIS_NODE,
+            cluster.redis_port,
+            directory,
+            ["appendonly yes", "appendfsync everysec"],
+            "GCS fault tolerance without a redis_address",
+        )
+        return cluster
+
+    def kv_store(self, cluster_id: str, max_bytes: int) -> str:
+        """A cache, not a store of record: no persistence, least recently used keys evicted at ``max_bytes``."""
+        cluster = self._read_cluster(cluster_id)
+        if cluster is None:
+            raise errors.NotFound(f"cluster {cluster_id} has no nodes on this host")
+        if not cluster.kv_redis_port:
+            (cluster.kv_redis_port,) = _ports.allocate(1, self._reserved_ports())
+            _write_json(self._cluster_dir(cluster_id) / "cluster.json", asdict(cluster))
+        password = self._redis_password(cluster_id)
+        if not _processes_by_node(cluster_id).get(KV_REDIS_NODE):
+            self._start_redis(
+                cluster_id,
+                KV_REDIS_NODE,
+                cluster.kv_redis_port,
+                self._cluster_dir(cluster_id) / "kvredis",
+                ["appendonly no", 'save ""', f"maxmemory {max_bytes}", "maxmemory-policy allkeys-lru"],
+                "the KV cache's shared tier without an L2 address",
+            )
+        shared = Path(cluster.temp_dir) / "shared"
+        shared.mkdir(parents=True, exist_ok=True)
+        path = shared / KV_URL_FILE
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(f"redis://:{password}@127.0.0.1:{cluster.kv_redis_port}/0\n")
+        return str(path)
+
+    def _start_redis(
+        self, cluster_id: str, marker: str, port: int, directory: Path, settings: list[str], purpose: str
+    ) -> None:
+        server = shutil.which("redis-server")
+        if server is None:
+            raise errors.PermanentError(f"{purpose} needs redis-server (apt-get install redis-server)")
         directory.mkdir(mode=0o700, exist_ok=True)
         conf = directory / "redis.conf"
-        settings = [
+        lines = [
             "bind 127.0.0.1",
-            f"port {cluster.redis_port}",
+            f"port {port}",
             "protected-mode yes",
             f"requirepass {self._redis_password(cluster_id)}",
-            "appendonly yes",
-            "appendfsync everysec",
+            *settings,
             f'dir "{directory}"',
             "daemonize no",
             # Redis rewrites its process title over its environment by default, which would erase the cluster
@@ -618,8 +659,8 @@ class LocalBackend:
         ]
         descriptor = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w") as handle:
-            handle.write("\n".join(settings) + "\n")
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), CLUSTER_MARKER: cluster_id, NODE_MARKER: REDIS_NODE}
+            handle.write("\n".join(lines) + "\n")
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), CLUSTER_MARKER: cluster_id, NODE_MARKER: marker}
         with open(directory / "redis.log", "ab") as log_file:
             child = subprocess.Popen(
                 [server, str(conf)],
@@ -632,11 +673,17 @@ class LocalBackend:
             )
         self._children[child.pid] = child
         deadline = time.monotonic() + 10
-        while not _ports.is_listening(cluster.redis_port):
+        while not _ports.is_listening(port):
             if child.poll() is not None or time.monotonic() > deadline:
                 raise errors.TransientError(f"the cluster's Redis did not start (see {directory / 'redis.log'})")
             time.sleep(0.05)
-        return cluster
+
+    def _serve_port(self, cluster_id: str, cluster: _ClusterRecord) -> int:
+        """Clusters made before serving existed get their port on first sight."""
+        if not cluster.serve_port:
+            (cluster.serve_port,) = _ports.allocate(1, self._reserved_ports())
+            _write_json(self._cluster_dir(cluster_id) / "cluster.json", asdict(cluster))
+        return cluster.serve_port
 
     def _redis_password(self, cluster_id: str) -> str:
         path = self._cluster_dir(cluster_id) / REDIS_PASSWORD_FILE
@@ -686,10 +733,12 @@ class LocalBackend:
         existing = self._read_cluster(cluster_id)
         if existing is not None:
             return existing
-        gcs, dashboard, client = _ports.allocate(3, self._reserved_ports())
+        gcs, dashboard, client, serve = _ports.allocate(4, self._reserved_ports())
         # Unix socket paths are limited to ~107 bytes: keep Ray's temp dir short, whatever RAYPOD_HOME is.
         temp_dir = os.path.join(tempfile.gettempdir(), f"rp-{cluster_id[:10]}")
-        record = _ClusterRecord(gcs_port=gcs, dashboard_port=dashboard, client_port=client, temp_dir=temp_dir)
+        record = _ClusterRecord(
+            gcs_port=gcs, dashboard_port=dashboard, client_port=client, temp_dir=temp_dir, serve_port=serve
+        )
         directory = self._cluster_dir(cluster_id)
         (directory / "nodes").mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileExistsError):
@@ -721,7 +770,7 @@ class LocalBackend:
             cluster = _read_json(directory / "cluster.json")
             if cluster:
                 reserved |= {cluster["gcs_port"], cluster["dashboard_port"], cluster["client_port"]}
-                reserved |= {cluster.get("redis_port", 0)} - {0}
+                reserved |= {cluster.get(key, 0) for key in ("redis_port", "serve_port", "kv_redis_port")} - {0}
             quarantined = _read_json(directory / QUARANTINE_FILE) or {"slots": []}
             reserved |= {port for slot in quarantined["slots"] for port in slot["ports"]}
             for path in (directory / "nodes").glob("*.json"):

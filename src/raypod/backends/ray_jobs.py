@@ -1,4 +1,5 @@
-"""A client of Ray's job REST API on a cluster's dashboard, as a backend provides it (``Backend.job_api``).
+"""A client of Ray's job (and Serve status) REST API on a cluster's dashboard, as a backend provides it
+(``Backend.job_api``).
 
 The control plane speaks to Ray jobs only through this: the backend decides where the dashboard is and how
 raypod authenticates to it.
@@ -34,6 +35,10 @@ class RayJobApi:
 
     def logs(self, submission_id: str) -> str:
         return str(_object(self._call("GET", f"/api/jobs/{submission_id}/logs")).get("logs", ""))
+
+    def serve_applications(self) -> dict[str, Any]:
+        """Ray Serve's view of its applications (``GET /api/serve/applications/``), as ``serve status`` shows it."""
+        return _object(self._call("GET", "/api/serve/applications/"))
 
     def upload_package(self, package_name: str, content: bytes | BinaryIO) -> None:
         """Put a ``_ray_pkg_<hash>.zip`` on the cluster's GCS, as Ray's own ``--working-dir`` upload does; a file

@@ -127,3 +127,28 @@ hang_detections = sa.Table(
     # The rest of the merged detection (state.HangDetection as JSON: ranks with their stacks and log lines).
     sa.Column("detection", sa.Text, nullable=False),
 )
+
+models = sa.Table(
+    "models",
+    metadata,
+    sa.Column("id", sa.String(129), primary_key=True),
+    # serving.catalog.ModelEntry as JSON: source, files with sizes and checksums, what a replica needs.
+    sa.Column("entry", sa.Text, nullable=False),
+    sa.Column("added_by", sa.String(63), nullable=False),
+    sa.Column("added_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+deployments = sa.Table(
+    "deployments",
+    metadata,
+    sa.Column("cluster_uid", sa.String(32), primary_key=True),
+    sa.Column("name", sa.String(63), primary_key=True),
+    sa.Column("namespace", sa.String(63), nullable=False),
+    sa.Column("cluster", sa.String(63), nullable=False),
+    sa.Column("model", sa.String(129), nullable=False),
+    sa.Column("owner", sa.String(63), nullable=False),
+    sa.Column("spec", sa.Text, nullable=False),
+    sa.Column("engine", sa.String(8), nullable=False),
+    sa.Column("deploy_job", sa.String(64), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)

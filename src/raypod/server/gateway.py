@@ -79,6 +79,9 @@ WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 METHODS = sorted(READ_METHODS | WRITE_METHODS)
 
 
+SERVE_PREFIX = "serve/"  # /clusters/<ns>/<name>/serve/<app>/...: the cluster's Ray Serve HTTP proxy
+
+
 @dataclass(frozen=True)
 class Route:
     dashboard: str | None
@@ -86,6 +89,7 @@ class Route:
     headers: dict[str, str]
     owner: str | None
     team: str | None
+    serve: str | None = None
 
 
 class RouteCache:
@@ -112,6 +116,7 @@ class RouteCache:
             headers=self.clusters.backend.dashboard_headers(view.uid),
             owner=view.spec.owner,
             team=self.clusters.identities.namespace_team(namespace),
+            serve=view.status.endpoints.get("serve") if not view.deleting else None,
         )
         if route.dashboard:
             self._routes[(namespace, name)] = (time.monotonic(), route)
@@ -246,13 +251,22 @@ async def proxy(request: Request) -> Response:
     params = request.path_params
     namespace, name, path = params["namespace"], params["name"], params["path"]
     principal = await _principal(request)
-    verb = identity.Verb.VIEW if request.method in READ_METHODS else identity.Verb.OPERATE
+    serving = path.startswith(SERVE_PREFIX)
+    # Inference is a read of the cluster: whoever may view it may call its models; changing it needs operate.
+    verb = identity.Verb.VIEW if request.method in READ_METHODS or serving else identity.Verb.OPERATE
     route = await _resolve(request.app.state, principal, namespace, name, verb)
     length = _framing(request)
     limit: ConcurrencyLimit = request.app.state.gateway_limit
     session: aiohttp.ClientSession = request.app.state.gateway_http
     headers = _upstream_headers(request, route, f"/clusters/{namespace}/{name}", length)
-    url = f"{route.dashboard}/{path}" + (f"?{request.url.query}" if request.url.query else "")
+    upstream_base, upstream_path = route.dashboard, path
+    if serving:
+        if route.serve is None:
+            raise errors.Conflict(f"cluster {namespace}/{name} has no Serve endpoint")
+        upstream_base, upstream_path = route.serve, path[len(SERVE_PREFIX) :]
+        headers = [(k, v) for k, v in headers if k not in route.headers]  # the Ray token stays off Serve's path
+    upstream_name = "Serve" if serving else "dashboard"
+    url = f"{upstream_base}/{upstream_path}" + (f"?{request.url.query}" if request.url.query else "")
     body: Any = request.stream() if request.method in WRITE_METHODS else None
     if request.method == "POST" and path.strip("/") == "api/jobs":
         body = await _checked_submission(request)
@@ -270,10 +284,10 @@ async def proxy(request: Request) -> Response:
                 auto_decompress=False,
             )
         except TimeoutError:
-            raise errors.TransientError(f"cluster {namespace}/{name} dashboard did not answer in time") from None
+            raise errors.TransientError(f"cluster {namespace}/{name} {upstream_name} did not answer in time") from None
         except (aiohttp.ClientError, OSError) as exc:
             raise errors.TransientError(
-                f"cluster {namespace}/{name} dashboard is not answering ({type(exc).__name__})"
+                f"cluster {namespace}/{name} {upstream_name} is not answering ({type(exc).__name__})"
             ) from None
         metrics.GATEWAY_SECONDS.labels(metrics.gateway_route(path)).observe(time.perf_counter() - started)
         response_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
@@ -282,13 +296,14 @@ async def proxy(request: Request) -> Response:
                 body = await upstream.read()
             except (TimeoutError, aiohttp.ClientError) as exc:
                 raise errors.TransientError(
-                    f"cluster {namespace}/{name} dashboard broke off its answer ({type(exc).__name__})"
+                    f"cluster {namespace}/{name} {upstream_name} broke off its answer ({type(exc).__name__})"
                 ) from None
             finally:
                 upstream.release()
             return Response(body, status_code=upstream.status, headers=response_headers)
+    event_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
     return StreamingResponse(
-        _relay(upstream),
+        _relay(upstream, event_stream),
         status_code=upstream.status,
         headers=response_headers,
         background=BackgroundTask(upstream.release),
@@ -319,11 +334,24 @@ async def _checked_submission(request: Request) -> bytes:
     return body
 
 
-async def _relay(upstream: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """The upstream body; a dashboard that stalls past the read timeout ends the answer instead of hanging it."""
-    with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+async def _relay(upstream: aiohttp.ClientResponse, event_stream: bool = False) -> AsyncIterator[bytes]:
+    """The upstream body; an upstream that stalls past the read timeout ends the answer instead of hanging it.
+
+    A server-sent event stream that breaks off (a model replica dying mid-answer) ends with an error event in
+    OpenAI's format, which clients raise, rather than looking like a complete answer.
+    """
+    try:
         async for chunk in upstream.content.iter_any():
             yield chunk
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        if event_stream:
+            error = {
+                "message": f"the answer broke off upstream ({type(exc).__name__}); retry the request",
+                "type": "server_error",
+                "param": None,
+                "code": "upstream_failed",
+            }
+            yield b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
 
 
 @router.websocket("/clusters/{namespace}/{name}/{path:path}")

@@ -100,6 +100,9 @@ class JobSupervisor(Periodic):
         self.jobs.records.save(job.model_copy(update={"status": status, "next_attempt_at": when}))
 
 
+INTERNAL_JOB = "raypod_internal"  # metadata of jobs raypod runs for itself (Serve deploys): never imported
+
+
 def imported_id(cluster_uid: str, submission_id: str) -> str:
     """A stable raypod id for a plain-Ray submission: importing it twice finds the same row."""
     return f"rj-{hashlib.sha1(f'{cluster_uid}/{submission_id}'.encode()).hexdigest()[:10]}"
@@ -107,7 +110,7 @@ def imported_id(cluster_uid: str, submission_id: str) -> str:
 
 def _is_foreign(info: dict[str, Any]) -> bool:
     metadata = info.get("metadata") or {}
-    return bool(info.get("submission_id")) and "raypod_job" not in metadata
+    return bool(info.get("submission_id")) and "raypod_job" not in metadata and INTERNAL_JOB not in metadata
 
 
 def _imported(view: state.ClusterView, job_id: str, info: dict[str, Any]) -> state.JobView:

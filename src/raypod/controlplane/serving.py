@@ -1,0 +1,321 @@
+"""The serving verbs the API calls: the model catalog (add, list, show, remove) and models deployed on clusters'
+Ray Serve (deploy, list, status, delete).
+
+A deploy is checked before anything starts on the cluster: the model is in the catalog, one replica fits a node
+of the cluster (memory, CPUs, GPUs for vLLM), the L1 pool fits the node's object store, and the source still
+holds exactly the catalogued files (sizes and checksums). Only then is a Ray job submitted that runs Serve with
+the cluster's own port and the application; its status is Serve's own, read from the cluster's dashboard.
+"""
+
+from __future__ import annotations
+
+import builtins
+import secrets
+from typing import Any
+
+import sqlalchemy as sa
+
+from raypod import errors, state
+from raypod import spec as spec_mod
+from raypod.backends import ray_jobs
+from raypod.controlplane import identity, schema, service, store
+from raypod.controlplane.jobs.supervisor import INTERNAL_JOB
+from raypod.serving import catalog
+from raypod.serving.deploy import encode
+from raypod.serving.settings import DeployRequest, ServeSettings
+
+LOG_TAIL_CHARS = 1500
+
+
+class ModelCatalog:
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+
+    def add(self, caller: identity.Principal, source: catalog.ModelSource, replace: bool = False) -> catalog.ModelEntry:
+        """Read and checksum the source (slow for large models). Raises Conflict (the id exists, not replacing),
+        Forbidden (replacing another user's model), InvalidSpec (an unreadable or incomplete source)."""
+        existing = self._find(source.id)
+        if existing is not None:
+            if not replace:
+                raise errors.Conflict(f"model '{source.id}' is already in the catalog (add --replace to update it)")
+            self._check_owner(caller, existing)
+        try:
+            entry = catalog.inspect(source)
+        except catalog.CatalogError as exc:
+            raise errors.InvalidSpec(str(exc)) from None
+        entry = entry.model_copy(update={"added_by": caller.user, "added_at": store.now()})
+        table = schema.models
+        values = {"entry": entry.model_dump_json(), "added_by": caller.user, "added_at": entry.added_at}
+        with self.engine.begin() as connection:
+            if existing is None:
+                connection.execute(table.insert().values(id=entry.id, **values))
+            else:
+                connection.execute(table.update().where(table.c.id == entry.id).values(**values))
+        return entry
+
+    def list(self) -> builtins.list[catalog.ModelEntry]:
+        with self.engine.connect() as connection:
+            rows = connection.execute(sa.select(schema.models.c.entry).order_by(schema.models.c.id))
+            return [catalog.ModelEntry.model_validate_json(row[0]) for row in rows]
+
+    def get(self, model_id: str) -> catalog.ModelEntry:
+        entry = self._find(model_id)
+        if entry is None:
+            raise errors.NotFound(
+                f"model '{model_id[:130]}' is not in the catalog (see `raypod model list`; add it with "
+                "`raypod model add`)"
+            )
+        return entry
+
+    def remove(self, caller: identity.Principal, model_id: str) -> catalog.ModelEntry:
+        entry = self.get(model_id)
+        self._check_owner(caller, entry)
+        with self.engine.begin() as connection:
+            connection.execute(schema.models.delete().where(schema.models.c.id == model_id))
+        return entry
+
+    def _find(self, model_id: str) -> catalog.ModelEntry | None:
+        with self.engine.connect() as connection:
+            row = connection.execute(sa.select(schema.models.c.entry).where(schema.models.c.id == model_id)).first()
+        return catalog.ModelEntry.model_validate_json(row[0]) if row else None
+
+    def _check_owner(self, caller: identity.Principal, entry: catalog.ModelEntry) -> None:
+        if not caller.is_admin and entry.added_by != caller.user:
+            raise errors.Forbidden(f"model '{entry.id}' was added by {entry.added_by}: only they or an admin change it")
+
+
+class ServingService:
+    def __init__(self, clusters: service.ClusterService, models: ModelCatalog) -> None:
+        self.clusters = clusters
+        self.models = models
+
+    def deploy(
+        self, caller: identity.Principal, namespace: str, cluster: str, spec: spec_mod.ServeDeploySpec
+    ) -> state.DeploymentView:
+        """Raises NotFound (cluster, model), Forbidden, InvalidSpec (does not fit, corrupt source), Conflict (no
+        dashboard yet), TransientError."""
+        view = self.clusters.get(caller, namespace, cluster, identity.Verb.OPERATE)
+        entry = self.models.get(spec.model)
+        engine, l1_bytes = _fit(view.spec, entry, spec)
+        port = _port(view.status.endpoints.get("serve"))
+        api = self._api(view)
+        try:
+            catalog.verify(entry)
+        except catalog.CatalogError as exc:
+            raise errors.InvalidSpec(f"cannot deploy: {exc}") from None
+        settings = ServeSettings(entry=entry, kv_cache=spec.kv_cache, l1_bytes=l1_bytes, chunk_tokens=spec.chunk_tokens)
+        if spec.kv_cache and spec.l2 is None:
+            settings.l2_url_file = self.clusters.backend.kv_store(view.uid, spec.l2_bytes)
+        elif spec.kv_cache and spec.l2 != "none":
+            settings.l2_url = spec.l2
+        name = spec.app_name()
+        request = DeployRequest(
+            action="deploy", name=name, http_port=port, engine=engine, settings=settings, options=_options(spec, entry)
+        )
+        submission = self._submit(api, request)
+        deployment = state.DeploymentView(
+            name=name,
+            namespace=namespace,
+            cluster=cluster,
+            model=entry.id,
+            owner=caller.user,
+            spec=spec,
+            created_at=store.now(),
+            engine=engine,
+            openai_base_url=f"/clusters/{namespace}/{cluster}/serve/{name}/v1",
+            deploy_job=submission,
+        )
+        table = schema.deployments
+        values = {
+            "namespace": namespace,
+            "cluster": cluster,
+            "model": entry.id,
+            "owner": caller.user,
+            "spec": spec.model_dump_json(),
+            "engine": engine,
+            "deploy_job": submission,
+            "created_at": deployment.created_at,
+        }
+        with self.clusters.store.engine.begin() as connection:
+            where = sa.and_(table.c.cluster_uid == view.uid, table.c.name == name)
+            if connection.execute(sa.select(table.c.name).where(where)).first():
+                connection.execute(table.update().where(where).values(**values))
+            else:
+                connection.execute(table.insert().values(cluster_uid=view.uid, name=name, **values))
+        return deployment
+
+    def list(self, caller: identity.Principal, namespace: str, cluster: str) -> builtins.list[state.DeploymentView]:
+        view = self.clusters.get(caller, namespace, cluster)
+        records = self._records(view.uid)
+        serve = self._serve_status(view)
+        return [self._observed(view, record, serve) for record in records]
+
+    def get(self, caller: identity.Principal, namespace: str, cluster: str, name: str) -> state.DeploymentView:
+        view = self.clusters.get(caller, namespace, cluster)
+        for record in self._records(view.uid, name):
+            return self._observed(view, record, self._serve_status(view))
+        raise errors.NotFound(f"no model deployment '{name[:64]}' on cluster {namespace}/{cluster}")
+
+    def delete(self, caller: identity.Principal, namespace: str, cluster: str, name: str) -> state.DeploymentView:
+        deployment = self.get(caller, namespace, cluster, name)
+        view = self.clusters.get(caller, namespace, cluster, identity.Verb.OPERATE)
+        self._submit(self._api(view), DeployRequest(action="delete", name=name))
+        table = schema.deployments
+        with self.clusters.store.engine.begin() as connection:
+            connection.execute(table.delete().where(table.c.cluster_uid == view.uid, table.c.name == name))
+        return deployment.model_copy(update={"status": "DELETING"})
+
+    # -- internals ---------------------------------------------------------------------------------------
+
+    def _api(self, view: state.ClusterView) -> ray_jobs.RayJobApi:
+        url = view.status.endpoints.get("dashboard")
+        if not url or view.deleting:
+            raise errors.Conflict(f"cluster {view.spec.namespace}/{view.spec.name} has no running dashboard yet")
+        return self.clusters.backend.job_api(view.uid, url)
+
+    def _submit(self, api: ray_jobs.RayJobApi, request: DeployRequest) -> str:
+        submission = f"rs-{request.action}-{request.name}-{secrets.token_hex(4)}"
+        api.submit(
+            {
+                "entrypoint": f"python -m raypod.serving.deploy {encode(request)}",
+                "submission_id": submission,
+                "metadata": {INTERNAL_JOB: f"serve-{request.action}", "raypod_deployment": request.name},
+            }
+        )
+        return submission
+
+    def _records(self, uid: str, name: str | None = None) -> builtins.list[dict[str, Any]]:
+        table = schema.deployments
+        query = sa.select(table).where(table.c.cluster_uid == uid).order_by(table.c.name)
+        if name is not None:
+            query = query.where(table.c.name == name)
+        with self.clusters.store.engine.connect() as connection:
+            return [dict(row._mapping) for row in connection.execute(query)]
+
+    def _serve_status(self, view: state.ClusterView) -> dict[str, Any] | None:
+        """Serve's applications, or None when the dashboard cannot say (then every status is UNKNOWN)."""
+        try:
+            return self._api(view).serve_applications()
+        except (errors.TransientError, errors.Conflict, errors.InvalidSpec, errors.NotFound):
+            return None
+
+    def _observed(
+        self, view: state.ClusterView, record: dict[str, Any], serve: dict[str, Any] | None
+    ) -> state.DeploymentView:
+        name = record["name"]
+        deployment = state.DeploymentView(
+            name=name,
+            namespace=record["namespace"],
+            cluster=record["cluster"],
+            model=record["model"],
+            owner=record["owner"],
+            spec=spec_mod.ServeDeploySpec.model_validate_json(record["spec"]),
+            created_at=record["created_at"],
+            engine=record["engine"],
+            openai_base_url=f"/clusters/{record['namespace']}/{record['cluster']}/serve/{name}/v1",
+            deploy_job=record["deploy_job"],
+        )
+        if serve is None:
+            deployment.status, deployment.message = "UNKNOWN", "the cluster's dashboard does not answer"
+            return deployment
+        app = (serve.get("applications") or {}).get(name)
+        if app is None:
+            return self._from_job(view, deployment)
+        deployment.status = str(app.get("status", "UNKNOWN"))
+        deployment.message = str(app.get("message") or "")[:LOG_TAIL_CHARS]
+        for detail in (app.get("deployments") or {}).values():
+            for replica in detail.get("replicas") or []:
+                deployment.replicas.append(
+                    state.ServeReplica(
+                        id=str(replica.get("replica_id", "")),
+                        state=str(replica.get("state", "")),
+                        node_id=replica.get("node_id"),
+                        pid=replica.get("pid"),
+                    )
+                )
+            if not deployment.message and detail.get("message"):
+                deployment.message = str(detail["message"])[:LOG_TAIL_CHARS]
+        if deployment.status == "RUNNING" and deployment.message == "":
+            deployment.message = f"{sum(r.state == 'RUNNING' for r in deployment.replicas)} replicas running"
+        if deployment.status == "DEPLOYING":
+            failed = self._from_job(view, deployment)
+            if failed.status == "DEPLOY_FAILED":
+                return failed
+        return deployment
+
+    def _from_job(self, view: state.ClusterView, deployment: state.DeploymentView) -> state.DeploymentView:
+        """Before Serve knows the application (or after it failed to build), the deploy job says how it went."""
+        try:
+            api = self._api(view)
+            info = api.info(deployment.deploy_job)
+            status = str(info.get("status", ""))
+            if status == "FAILED":
+                logs = api.logs(deployment.deploy_job)
+                deployment.status = "DEPLOY_FAILED"
+                deployment.message = _last_error(logs) or str(info.get("message", ""))[:LOG_TAIL_CHARS]
+            elif status in ("PENDING", "RUNNING"):
+                deployment.status, deployment.message = "DEPLOYING", "starting Serve and the replicas"
+            else:
+                deployment.status, deployment.message = "NOT_RUNNING", f"the application is gone from Serve ({status})"
+        except (errors.TransientError, errors.Conflict, errors.InvalidSpec, errors.NotFound):
+            deployment.status, deployment.message = "UNKNOWN", "the deploy job cannot be read"
+        return deployment
+
+
+def _fit(cluster: spec_mod.ClusterSpec, entry: catalog.ModelEntry, spec: spec_mod.ServeDeploySpec) -> tuple[str, int]:
+    """(engine, L1 bytes). Raises InvalidSpec naming what does not fit."""
+    groups = [("head", cluster.head), *((group.name, group) for group in cluster.worker_groups)]
+    if not any(g.cpus >= spec.cpus for _, g in groups):
+        raise errors.InvalidSpec(
+            f"a replica asks for {spec.cpus:g} CPUs; the largest node of cluster {cluster.name} has "
+            f"{max(g.cpus for _, g in groups)} CPUs: ask for fewer (--cpus) or give a worker group more"
+        )
+    fitting = [(name, g) for name, g in groups if g.cpus >= spec.cpus and g.memory >= entry.memory_bytes]
+    if not fitting:
+        largest = max(g.memory for _, g in groups)
+        raise errors.InvalidSpec(
+            f"model {entry.id} needs {spec_mod.format_bytes(entry.memory_bytes)} of memory per replica "
+            f"({entry.parameters / 1e6:.1f}M parameters in {entry.dtype}); the largest node of cluster "
+            f"{cluster.name} schedules {spec_mod.format_bytes(largest)}: give a worker group more `memory` or "
+            "deploy a smaller model"
+        )
+    with_gpus = [g for _, g in fitting if g.gpus > 0]
+    engine = spec.engine if spec.engine != "auto" else ("vllm" if with_gpus else "cpu")
+    if engine == "vllm" and not with_gpus:
+        raise errors.InvalidSpec(f"the vLLM engine needs GPUs; no node group of cluster {cluster.name} has any")
+    store_bytes = min(g.object_store_memory for _, g in fitting)
+    l1_bytes = spec.l1_bytes if spec.l1_bytes is not None else store_bytes // 2
+    if spec.kv_cache and l1_bytes > store_bytes:
+        raise errors.InvalidSpec(
+            f"an L1 pool of {spec_mod.format_bytes(l1_bytes)} does not fit the object store of the nodes that can "
+            f"serve this model ({spec_mod.format_bytes(store_bytes)}): raise `object_store_memory` or lower l1_bytes"
+        )
+    return engine, l1_bytes
+
+
+def _options(spec: spec_mod.ServeDeploySpec, entry: catalog.ModelEntry) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "ray_actor_options": {"num_cpus": spec.cpus, "memory": entry.memory_bytes},
+        "max_ongoing_requests": 8,
+    }
+    if spec.autoscale:
+        low, high = spec.autoscale
+        options["autoscaling_config"] = {"min_replicas": low, "max_replicas": high, "target_ongoing_requests": 2}
+    else:
+        options["num_replicas"] = spec.replicas
+    return options
+
+
+def _port(url: str | None) -> int:
+    if not url:
+        raise errors.Conflict("this cluster has no Serve endpoint yet")
+    return int(url.rsplit(":", 1)[1].split("/", 1)[0])
+
+
+def _last_error(logs: str) -> str:
+    """The end of a failed deploy job's traceback: the line that says what went wrong."""
+    lines = [line for line in logs.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error" in line or "Exception" in line or "failed" in line.lower():
+            return line.strip()[:LOG_TAIL_CHARS]
+    return "\n".join(lines[-3:])[:LOG_TAIL_CHARS]

@@ -1,0 +1,76 @@
+"""Serving routes: the model catalog, and models deployed on a cluster's Ray Serve. The OpenAI-compatible API of
+each deployment is not here: the gateway forwards it at ``/clusters/<namespace>/<name>/serve/<deployment>/v1``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+
+from raypod import spec as spec_mod
+from raypod import state
+from raypod.controlplane import serving
+from raypod.server.auth import Caller
+from raypod.server.routes.clusters import NamePath
+from raypod.serving import catalog
+
+router = APIRouter(prefix="/api/v1", tags=["serving"])
+ModelIdPath = Annotated[str, Path(pattern=catalog.MODEL_ID.pattern, max_length=129)]
+
+
+def serving_service(request: Request) -> serving.ServingService:
+    svc: serving.ServingService = request.app.state.serving
+    return svc
+
+
+Service = Annotated[serving.ServingService, Depends(serving_service)]
+
+
+@router.get("/models")
+def list_models(caller: Caller, svc: Service) -> list[catalog.ModelEntry]:
+    return svc.models.list()
+
+
+@router.post("/models", status_code=201)
+def add_model(
+    caller: Caller, svc: Service, source: catalog.ModelSource, replace: Annotated[bool, Query()] = False
+) -> catalog.ModelEntry:
+    """Read the source and checksum every file; the entry records what a replica needs."""
+    return svc.models.add(caller, source, replace=replace)
+
+
+@router.get("/models/{model_id:path}")
+def get_model(caller: Caller, svc: Service, model_id: ModelIdPath) -> catalog.ModelEntry:
+    return svc.models.get(model_id)
+
+
+@router.delete("/models/{model_id:path}")
+def remove_model(caller: Caller, svc: Service, model_id: ModelIdPath) -> catalog.ModelEntry:
+    return svc.models.remove(caller, model_id)
+
+
+@router.get("/namespaces/{namespace}/clusters/{name}/deployments")
+def list_deployments(caller: Caller, svc: Service, namespace: NamePath, name: NamePath) -> list[state.DeploymentView]:
+    return svc.list(caller, namespace, name)
+
+
+@router.post("/namespaces/{namespace}/clusters/{name}/deployments", status_code=202)
+def deploy(
+    caller: Caller, svc: Service, namespace: NamePath, name: NamePath, spec: spec_mod.ServeDeploySpec
+) -> state.DeploymentView:
+    """Check that the model fits and its files are intact, then start it on the cluster's Ray Serve."""
+    return svc.deploy(caller, namespace, name, spec)
+
+
+@router.get("/namespaces/{namespace}/clusters/{name}/deployments/{deployment}")
+def get_deployment(
+    caller: Caller, svc: Service, namespace: NamePath, name: NamePath, deployment: NamePath
+) -> state.DeploymentView:
+    return svc.get(caller, namespace, name, deployment)
+
+
+@router.delete("/namespaces/{namespace}/clusters/{name}/deployments/{deployment}", status_code=202)
+def delete_deployment(
+    caller: Caller, svc: Service, namespace: NamePath, name: NamePath, deployment: NamePath
+) -> state.DeploymentView:
+    return svc.delete(caller, namespace, name, deployment)

@@ -1,0 +1,69 @@
+"""The catalog and deploy API in-process (fake backend: no Ray): who may do what, and every refusal a deploy can
+meet before it reaches a cluster. The deploys that do reach Ray Serve are tests/e2e/test_serving.py's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.server.conftest import make_user, wait_ready
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("transformers")
+    from raypod.serving.testing import build_llama
+
+    return build_llama(tmp_path_factory.mktemp("model") / "tiny", "tiny", max_context=512)
+
+
+def test_the_catalog_reads_a_source_and_guards_its_entries(
+    client: TestClient, admin: dict[str, str], model_dir: Path
+) -> None:
+    added = client.post("/api/v1/models", json={"id": "org/tiny", "source": str(model_dir)}, headers=admin)
+    assert added.status_code == 201, added.text
+    entry = added.json()
+    assert entry["architecture"] == "LlamaForCausalLM" and entry["max_context"] == 512 and entry["added_by"] == "admin"
+    assert client.get("/api/v1/models/org/tiny", headers=admin).json()["files"] == entry["files"]
+    again = client.post("/api/v1/models", json={"id": "org/tiny", "source": str(model_dir)}, headers=admin)
+    assert again.status_code == 409 and "--replace" in again.json()["message"]
+    alice = make_user(client, admin, "alice", "ml")
+    assert [m["id"] for m in client.get("/api/v1/models", headers=alice).json()] == ["org/tiny"]
+    assert client.delete("/api/v1/models/org/tiny", headers=alice).status_code == 403
+    missing = client.post("/api/v1/models", json={"id": "gone", "source": str(model_dir / "nope")}, headers=alice)
+    assert missing.status_code == 422 and "does not exist" in missing.json()["message"]
+    secret = {"id": "s", "source": "s3://b/m", "storage_options": {"key": "AKIA", "secret": "x"}}
+    refused = client.post("/api/v1/models", json=secret, headers=alice)
+    assert refused.status_code == 422 and "AKIA" not in refused.text
+    assert client.get("/api/v1/models/no-such", headers=alice).status_code == 404
+    assert client.get("/api/v1/models").status_code == 401
+    assert client.delete("/api/v1/models/org/tiny", headers=admin).status_code == 200
+    assert client.get("/api/v1/models", headers=admin).json() == []
+
+
+def test_a_deploy_is_refused_with_a_clear_message_before_it_reaches_the_cluster(
+    client: TestClient, admin: dict[str, str], model_dir: Path
+) -> None:
+    client.post("/api/v1/models", json={"id": "tiny", "source": str(model_dir)}, headers=admin).raise_for_status()
+    spec = {"name": "c", "head": {"cpus": 1, "memory": "256Mi"}, "worker_groups": []}
+    client.post("/api/v1/clusters", json=spec, headers=admin).raise_for_status()
+    wait_ready(client, admin, "default", "c")
+    url = "/api/v1/namespaces/default/clusters/c/deployments"
+
+    unknown = client.post(url, json={"model": "nope"}, headers=admin)
+    assert unknown.status_code == 404 and "raypod model list" in unknown.json()["message"]
+    too_big = client.post(url, json={"model": "tiny"}, headers=admin)
+    assert too_big.status_code == 422 and "of memory per replica" in too_big.json()["message"]
+    cpus = client.post(url, json={"model": "tiny", "cpus": 8}, headers=admin)
+    assert cpus.status_code == 422 and "CPUs" in cpus.json()["message"]
+    bad = client.post(url, json={"model": "tiny", "autoscale": [3, 1]}, headers=admin)
+    assert bad.status_code == 422
+    bad_name = client.post(url, json={"model": "tiny", "name": "Not_A_Name"}, headers=admin)
+    assert bad_name.status_code == 422
+    bob = make_user(client, admin, "bob", "other")
+    other = "/api/v1/namespaces/default/clusters/none/deployments"
+    assert client.post(url, json={"model": "tiny"}, headers=bob).status_code == 403
+    assert client.post(other, json={"model": "tiny"}, headers=bob).status_code == 403, "no cluster names leak"
+    assert client.get(url, headers=admin).json() == []
