@@ -63,7 +63,13 @@ NODE_PORTS = (
 )
 
 # Ray Train polls its workers every 2 s by default; a lost worker is noticed sooner at 1 s, for little cost.
-RAY_TRAIN_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "1"}
+# Ray's defaults that assume one node per machine. Every node here shares one host, so Serve's preference for
+# replicas on the proxy's own node would only pile requests onto the head's replicas while the others idle.
+NODE_ENV_DEFAULTS = {
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "1",
+    "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",
+    "RAY_SERVE_PROXY_PREFER_LOCAL_AZ_ROUTING": "0",
+}
 
 # GCS health checks that mark a lost node DEAD in seconds instead of ~15 s (measured, see docs/resilience.md): a
 # killed raylet refuses at once, so five checks 250 ms apart take ~1.3 s; a frozen one times out five times (~6 s).
@@ -536,7 +542,7 @@ class LocalBackend:
         env.update(ray_auth_environment(self.ray_token(cluster_id)))
         if self.fast_health_checks and node.is_head:
             env.update(FAST_HEALTH_CHECKS)
-        for key, value in RAY_TRAIN_DEFAULTS.items():
+        for key, value in NODE_ENV_DEFAULTS.items():
             env.setdefault(key, value)  # after node.env: a spec's own setting wins
         if node.is_head:
             env.update(config.MonitoringEndpoints.read(self.home).ray_dashboard_env())

@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
-from raypod import errors, spec
+from raypod import errors
 from raypod.cli import cluster as cluster_cli
 from raypod.cli import output
 from raypod.cli.output import Format
@@ -38,8 +38,8 @@ def list_(fmt: OutputOpt = Format.TABLE) -> None:
             entry.architecture,
             f"{entry.parameters / 1e6:.1f}M",
             entry.dtype,
-            spec.format_bytes(entry.size_bytes),
-            spec.format_bytes(entry.memory_bytes),
+            _human(entry.size_bytes),
+            _human(entry.memory_bytes),
             str(entry.max_context),
             entry.source,
         )
@@ -111,7 +111,14 @@ def _render(entry: catalog.ModelEntry, fmt: Format) -> None:
         f"[bold]{entry.id}[/bold]  {entry.architecture} ({entry.model_type}), {entry.parameters / 1e6:.1f}M "
         f"parameters, {entry.dtype}\n"
         f"  source: {entry.source}\n"
-        f"  size: {spec.format_bytes(entry.size_bytes)} in {len(entry.files)} files; a replica needs "
-        f"{spec.format_bytes(entry.memory_bytes)}; context {entry.max_context} tokens; KV "
-        f"{spec.format_bytes(entry.kv_bytes_per_token * 1024)} per 1k tokens"
+        f"  size: {_human(entry.size_bytes)} in {len(entry.files)} files; a replica needs "
+        f"{_human(entry.memory_bytes)}; context {entry.max_context} tokens; KV "
+        f"{_human(entry.kv_bytes_per_token * 1024)} per 1k tokens"
     )
+
+
+def _human(size: int) -> str:
+    for unit, scale in (("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.1f}{unit}"
+    return f"{size}B"

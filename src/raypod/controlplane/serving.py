@@ -296,7 +296,8 @@ def _fit(cluster: spec_mod.ClusterSpec, entry: catalog.ModelEntry, spec: spec_mo
 def _options(spec: spec_mod.ServeDeploySpec, entry: catalog.ModelEntry) -> dict[str, Any]:
     options: dict[str, Any] = {
         "ray_actor_options": {"num_cpus": spec.cpus, "memory": entry.memory_bytes},
-        "max_ongoing_requests": 8,
+        # The CPU engine answers one request at a time: more queued at one replica would wait while others idle.
+        "max_ongoing_requests": 2,
     }
     if spec.autoscale:
         low, high = spec.autoscale

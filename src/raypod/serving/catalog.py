@@ -100,6 +100,7 @@ def resolve(source: str, storage_options: dict[str, Any]) -> tuple[Any, str]:
         fs, root = fsspec.core.url_to_fs(url, **storage_options)
     except (ImportError, ValueError, TypeError) as exc:
         raise CatalogError(f"cannot open {source}: {exc}") from None
+    fs.invalidate_cache()  # fsspec reuses filesystems and their listings: a file changed since must be seen
     return fs, str(root).rstrip("/")
 
 

@@ -173,8 +173,8 @@ class ProcessL1:
 
 
 class NodeL1Store:
-    """The body of the per-node actor: an LRU index of object refs it owns (they live in the node's object store
-    and die with this actor, not with the replica that computed them)."""
+    """The body of the per-node actor: an LRU index, by bytes, of chunks it put into the node's object store
+    itself, so they are owned by it and outlive the replica that computed them."""
 
     def __init__(self, capacity_bytes: int) -> None:
         self.index = _LruIndex(capacity_bytes)
@@ -182,8 +182,12 @@ class NodeL1Store:
     def longest(self, keys: list[str]) -> list[Any]:
         return self.index.longest(keys)
 
-    def put(self, key: str, wrapped: list[Any], size: int) -> bool:
-        return self.index.put(key, wrapped[0], size)
+    def put(self, key: str, array: np.ndarray) -> bool:
+        import ray
+
+        if self.index.longest([key]):
+            return True
+        return self.index.put(key, ray.put(array), array.nbytes)
 
     def resize(self, capacity_bytes: int) -> None:
         self.index.capacity = max(self.index.capacity, capacity_bytes)
@@ -218,8 +222,7 @@ class NodeL1:
         return list(self._ray.get(refs)) if refs else []
 
     def put(self, key: str, array: np.ndarray) -> None:
-        ref = self._ray.put(array, _owner=self.actor)
-        self._ray.get(self.actor.put.remote(key, [ref], array.nbytes))
+        self._ray.get(self.actor.put.remote(key, array))
 
     def used_bytes(self) -> int:
         return int(self._ray.get(self.actor.used_bytes.remote()))

@@ -5,8 +5,8 @@ Client mistakes (a prompt over the context, a bad field, an unknown model) are a
 format, so the official clients raise their usual exceptions; nothing a client sends produces a 5xx.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: Serve rebuilds the routes inside each replica, where FastAPI
+# must see the request models themselves, not their names.
 import json
 import logging
 import os

@@ -102,3 +102,13 @@ def test_the_train_dashboard_shows_hung_runs_filtered_by_cluster(everything: Das
     assert len(hangs) == 3 and all('ray_io_cluster=~"$Cluster"' in expr for expr in hangs)
     ids = [panel["id"] for panel in everything["ray-train"]["panels"]]
     assert len(ids) == len(set(ids)), "panel ids must stay unique"
+
+
+def test_the_serve_dashboard_shows_the_kv_cache_and_ttft_filtered_by_cluster(everything: Dashboards) -> None:
+    found = dashboards.expressions(everything["ray-serve"])
+    ours = [expr for _, expr in found if "ray_raypod_" in expr]
+    names = {"serve_ttft_seconds", "kv_cache_hit_chunks", "kv_cache_miss_chunks", "kv_cache_l1_used_bytes"}
+    assert all(any(name in expr for expr in ours) for name in names)
+    assert all('ray_io_cluster=~"$Cluster"' in expr for expr in ours)
+    ids = [panel["id"] for panel in everything["ray-serve"]["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids must stay unique"

@@ -104,10 +104,11 @@ def ray_dashboards() -> dict[str, dict[str, Any]]:
             variables.insert(1, _cluster_variable())
         dashboard["title"] = item.title
         dashboard["tags"] = sorted({*dashboard.get("tags", []), "raypod", "ray"})
-        if item.stem == "ray-train":
+        extra = {"ray-train": hang_panels, "ray-serve": kv_cache_panels}.get(item.stem)
+        if extra is not None:
             panels = dashboard.setdefault("panels", [])
             top = max((p["gridPos"]["y"] + p["gridPos"]["h"] for p in panels if "gridPos" in p), default=0)
-            panels.extend(hang_panels(top, max((int(p.get("id", 0)) for p in panels), default=0) + 1))
+            panels.extend(extra(top, max((int(p.get("id", 0)) for p in panels), default=0) + 1))
         dashboard.pop("id", None)
         result[item.stem] = dashboard
     return result
@@ -228,8 +229,6 @@ def _series(title: str, unit: str, *queries: Any) -> Any:
 
 def hang_panels(top: int, first_id: int) -> list[dict[str, Any]]:
     """Panels of raypod's hang detection (capabilities/hangwatch) for the Ray Train dashboard, from ``top``."""
-    from grafana_foundation_sdk.cog.encoder import JSONEncoder
-
     built = [
         _series(
             "Hung runs (raypod hangwatch)",
@@ -251,10 +250,67 @@ def hang_panels(top: int, first_id: int) -> list[dict[str, Any]]:
             ),
         ),
     ]
-    panels = [
+    return _row("Hung runs", built, top, first_id)
+
+
+def kv_cache_panels(top: int, first_id: int) -> list[dict[str, Any]]:
+    """Panels of raypod's serving engine and tiered KV cache (raypod.serving) for the Ray Serve dashboard. The
+    replicas report through Ray's metrics agent, which prefixes ``ray_``."""
+    rate = "[$__rate_interval]"
+    built = [
+        _series(
+            "Time to first token by KV cache tier (raypod)",
+            "s",
+            _query(
+                "histogram_quantile(0.5, sum by (le, tier) "
+                f"(rate(ray_raypod_serve_ttft_seconds_bucket{{{CLUSTER_FILTER}}}{rate})))",
+                "p50 {{tier}}",
+            ),
+            _query(
+                "histogram_quantile(0.95, sum by (le, tier) "
+                f"(rate(ray_raypod_serve_ttft_seconds_bucket{{{CLUSTER_FILTER}}}{rate})))",
+                "p95 {{tier}}",
+            ),
+        ),
+        _series(
+            "KV cache chunks: hits by tier, misses",
+            "short",
+            _query(
+                f"sum by (tier) (rate(ray_raypod_kv_cache_hit_chunks_total{{{CLUSTER_FILTER}}}{rate}))",
+                "hit {{tier}}",
+            ),
+            _query(f"sum(rate(ray_raypod_kv_cache_miss_chunks_total{{{CLUSTER_FILTER}}}{rate}))", "miss"),
+        ),
+        _series(
+            "KV cache bytes: L1 in use, L2 written",
+            "bytes",
+            _query(
+                f"max by (NodeAddress) (ray_raypod_kv_cache_l1_used_bytes{{{CLUSTER_FILTER}}})", "L1 {{NodeAddress}}"
+            ),
+            _query(f"sum(rate(ray_raypod_kv_cache_l2_written_bytes_total{{{CLUSTER_FILTER}}}{rate}))", "L2 written/s"),
+        ),
+        _series(
+            "KV cache trouble: L2 errors, corrupt entries, dropped writes",
+            "short",
+            _query(
+                f"sum by (operation) (increase(ray_raypod_kv_cache_l2_errors_total{{{CLUSTER_FILTER}}}{rate}))",
+                "L2 {{operation}} errors",
+            ),
+            _query(f"sum(increase(ray_raypod_kv_cache_corrupt_entries_total{{{CLUSTER_FILTER}}}{rate}))", "corrupt"),
+            _query(f"sum(increase(ray_raypod_kv_cache_dropped_writes_total{{{CLUSTER_FILTER}}}{rate}))", "dropped"),
+        ),
+    ]
+    return _row("raypod serving: KV cache", built, top, first_id)
+
+
+def _row(title: str, built: list[Any], top: int, first_id: int) -> list[dict[str, Any]]:
+    """A row of two-per-line panels under ``top`` (Ray's own dashboards are plain JSON: these are added to it)."""
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+
+    panels: list[dict[str, Any]] = [
         {
             "type": "row",
-            "title": "Hung runs",
+            "title": title,
             "collapsed": False,
             "panels": [],
             "id": first_id,
@@ -264,7 +320,7 @@ def hang_panels(top: int, first_id: int) -> list[dict[str, Any]]:
     for index, builder in enumerate(built):
         panel: dict[str, Any] = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
         panel["id"] = first_id + 1 + index
-        panel["gridPos"] = {"h": 8, "w": 12, "x": 12 * index, "y": top + 1}
+        panel["gridPos"] = {"h": 8, "w": 12, "x": 12 * (index % 2), "y": top + 1 + 8 * (index // 2)}
         panels.append(panel)
     return panels
 
