@@ -9,7 +9,7 @@ PYTHON="${PYTHON:-python3}"
 # The CPU build of torch (this machine's wheel) first, so Ray Train's TorchTrainer scripts run unchanged and
 # nothing asks for a CUDA one.
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
-.venv/bin/python -m pip install --quiet -e .
+.venv/bin/python -m pip install --quiet -e ".[serving]"
 export PATH="$PWD/.venv/bin:$PATH"
 
 raypod up --workers 2

@@ -83,6 +83,7 @@ def seaweedfs(work: Path, timeout: float = 90.0) -> Iterator[S3Server]:
         "-filer",
         "-s3",
         f"-s3.config={work / 's3.json'}",
+        "-s3.port.iceberg=0",  # its Iceberg catalog listens on a fixed port: a second server here would collide
         "-master.volumeSizeLimitMB=1024",
         "-volume.max=16",
     ]
