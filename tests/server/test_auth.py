@@ -48,6 +48,8 @@ PARAMS = {
     "job_id": "rj-0123456789",
     "node": "head",
     "action": "replace",
+    "model_id": "llama-tiny",
+    "deployment": "llama-tiny",
 }
 
 

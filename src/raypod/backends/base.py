@@ -70,6 +70,11 @@ class Backend(Protocol):
         as this host sees it; nodes without an agent are left out."""
         ...
 
+    def hidden_from_nodes(self, cluster_id: str, path: str) -> str | None:
+        """Why the cluster's nodes cannot read ``path`` of the server's filesystem (a model directory, say), or
+        None where they can."""
+        ...
+
     def kv_store(self, cluster_id: str, max_bytes: int) -> str:
         """Start (or find) a Redis for the cluster's shared KV cache tier, evicting least recently used entries past
         ``max_bytes``; return the path, as the cluster's nodes see it, of a file (0600) holding its URL with its

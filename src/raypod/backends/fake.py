@@ -133,6 +133,9 @@ class FakeBackend:
     def hangwatch_dirs(self, cluster_id: str) -> dict[str, Path]:
         return dict(self.hangwatch_roots.get(cluster_id, {}))
 
+    def hidden_from_nodes(self, cluster_id: str, path: str) -> str | None:
+        return None
+
     def kv_store(self, cluster_id: str, max_bytes: int) -> str:
         raise errors.InvalidSpec("the fake backend runs no Redis: give the KV cache an L2 address")
 

@@ -617,6 +617,25 @@ class LocalBackend:
         )
         return cluster
 
+    def hidden_from_nodes(self, cluster_id: str, path: str) -> str | None:
+        """What a sandboxed node sees of this host is what ``_sandboxed`` leaves: the temporary root holds only its
+        cluster's directory and the Python installation, and raypod's home is empty."""
+        if not self.sandbox:
+            return None
+        real = os.path.realpath(path)
+
+        def under(root: str) -> bool:
+            return real == root or real.startswith(root.rstrip("/") + "/")
+
+        if under(os.path.realpath(self.home)):
+            return "raypod's home is hidden from the nodes"
+        temp_root = os.path.realpath(tempfile.gettempdir())
+        cluster = self._read_cluster(cluster_id)
+        visible = [*_installation_dirs_under(temp_root), *([os.path.realpath(cluster.temp_dir)] if cluster else [])]
+        if under(temp_root) and not any(under(kept) for kept in visible):
+            return f"sandboxed nodes have a {temp_root} of their own"
+        return None
+
     def kv_store(self, cluster_id: str, max_bytes: int) -> str:
         """A cache, not a store of record: no persistence, least recently used keys evicted at ``max_bytes``."""
         cluster = self._read_cluster(cluster_id)

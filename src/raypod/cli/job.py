@@ -69,15 +69,11 @@ def submit(
     job = api.jobs.submit(cluster, spec, namespace)
     output.errors_console.print(f"job {job.id} submitted to {namespace}/{cluster}")
     if wait:
-        seen = ""
 
-        def progress(current: state.JobView) -> None:
-            nonlocal seen
-            line = f"{current.status.value} (attempt {len(current.attempts)} of {current.spec.max_retries + 1})"
-            if line != seen:
-                output.errors_console.print(line)
-                seen = line
+        def attempt(current: state.JobView) -> str:
+            return f"{current.status.value} (attempt {len(current.attempts)} of {current.spec.max_retries + 1})"
 
+        progress = output.status_lines(attempt)
         job = api.jobs.wait(job.id, timeout=float("inf"), on_progress=progress)
         print(api.jobs.logs(job.id), end="")
     _render(job, fmt)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel
@@ -15,6 +16,23 @@ from raypod import state
 
 console = Console()
 errors_console = Console(stderr=True)
+
+
+T = TypeVar("T")
+
+
+def status_lines(describe: Callable[[T], str]) -> Callable[[T], None]:
+    """An ``on_progress`` callback for the SDK's waits: prints a line to stderr whenever what it says changes."""
+    seen = ""
+
+    def show(current: T) -> None:
+        nonlocal seen
+        line = describe(current)
+        if line != seen:
+            errors_console.print(line)
+            seen = line
+
+    return show
 
 
 class Format(StrEnum):

@@ -56,15 +56,11 @@ def deploy(
     deployment = api.serving.deploy(cluster, spec, namespace)
     output.errors_console.print(f"deploying {deployment.model} as {deployment.name} on {namespace}/{cluster}")
     if wait:
-        seen = ""
 
-        def progress(current: state.DeploymentView) -> None:
-            nonlocal seen
-            line = f"{current.status}: {current.message}"
-            if line != seen:
-                output.errors_console.print(line)
-                seen = line
+        def phase(current: state.DeploymentView) -> str:
+            return f"{current.status}: {current.message}"
 
+        progress = output.status_lines(phase)
         deployment = api.serving.wait_running(cluster, deployment.name, namespace, on_progress=progress)
     _render(deployment, fmt, api.serving.openai_base_url(cluster, deployment.name, namespace))
 

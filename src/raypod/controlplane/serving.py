@@ -103,6 +103,13 @@ class ServingService:
             catalog.verify(entry)
         except catalog.CatalogError as exc:
             raise errors.InvalidSpec(f"cannot deploy: {exc}") from None
+        local_path = catalog.local_path(entry.source)
+        hidden = local_path and self.clusters.backend.hidden_from_nodes(view.uid, local_path)
+        if hidden:
+            raise errors.InvalidSpec(
+                f"cannot deploy: model {entry.id} is read from {local_path}, which the nodes of cluster {cluster} "
+                f"cannot read ({hidden}): add it from another directory, or from S3"
+            )
         settings = ServeSettings(entry=entry, kv_cache=spec.kv_cache, l1_bytes=l1_bytes, chunk_tokens=spec.chunk_tokens)
         if spec.kv_cache and spec.l2 is None:
             settings.l2_url_file = self.clusters.backend.kv_store(view.uid, spec.l2_bytes)
@@ -147,6 +154,8 @@ class ServingService:
     def list(self, caller: identity.Principal, namespace: str, cluster: str) -> builtins.list[state.DeploymentView]:
         view = self.clusters.get(caller, namespace, cluster)
         records = self._records(view.uid)
+        if not records:  # no need to ask the dashboard (the console asks every few seconds)
+            return []
         serve = self._serve_status(view)
         return [self._observed(view, record, serve) for record in records]
 
@@ -236,7 +245,8 @@ class ServingService:
             if not deployment.message and detail.get("message"):
                 deployment.message = str(detail["message"])[:LOG_TAIL_CHARS]
         if deployment.status == "RUNNING" and deployment.message == "":
-            deployment.message = f"{sum(r.state == 'RUNNING' for r in deployment.replicas)} replicas running"
+            running = sum(r.state == "RUNNING" for r in deployment.replicas)
+            deployment.message = f"{running} replica{'' if running == 1 else 's'} running"
         if deployment.status == "DEPLOYING":
             failed = self._from_job(view, deployment)
             if failed.status == "DEPLOY_FAILED":

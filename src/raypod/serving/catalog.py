@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import posixpath
 import re
 import struct
@@ -89,12 +90,26 @@ class ModelEntry(ModelSource):
         return hashlib.sha256(listing.encode()).hexdigest()[:16]
 
 
+def local_path(source: str) -> str | None:
+    """The directory of a source on the server's own filesystem (a path or ``file://``), else None."""
+    if source.startswith("file://"):
+        return source.removeprefix("file://")
+    if "://" not in source and not is_hub_id(source):
+        return os.path.abspath(source)
+    return None
+
+
+def is_hub_id(source: str) -> bool:
+    """``org/name`` is a Hugging Face id; ``/path``, ``./path`` and URLs are not."""
+    return "://" not in source and not source.startswith(("/", ".")) and bool(HF_ID.match(source))
+
+
 def resolve(source: str, storage_options: dict[str, Any]) -> tuple[Any, str]:
     """(filesystem, root path) of a source. Raises CatalogError."""
     import fsspec
 
     url = source
-    if "://" not in source and not source.startswith(("/", ".")) and HF_ID.match(source):
+    if is_hub_id(source):
         url = f"hf://{source}"
     try:
         fs, root = fsspec.core.url_to_fs(url, **storage_options)

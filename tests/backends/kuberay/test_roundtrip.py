@@ -66,3 +66,27 @@ def test_manifests_raypod_cannot_represent_are_refused_by_field(manifest: Any, f
     with pytest.raises(errors.InvalidSpec) as caught:
         manifests.spec_from_raycluster(manifest)
     assert field in caught.value.message
+
+
+def test_hang_detection_settings_travel_in_an_annotation() -> None:
+    data = {
+        **SPECS[1],
+        "hangwatch": {
+            "timeout": "15m",
+            "action": "cancel",
+            "rules": [
+                {"name": "oom", "type": "log_pattern", "log_pattern": "CUDA out of memory", "fault_on_match": True}
+            ],
+        },
+    }
+    original = spec_mod.parse_spec(data)
+    manifest = yaml.safe_load(yaml.safe_dump(manifests.raycluster(original)))
+    assert '"action": "cancel"' in manifest["metadata"]["annotations"]["raypod.io/hangwatch"]
+    read = manifests.spec_from_raycluster(manifest)
+    assert read.hangwatch == original.hangwatch and read.hangwatch.timeout == 900
+    assert "raypod.io/hangwatch" not in manifests.raycluster(spec_mod.parse_spec(SPECS[1]))["metadata"].get(
+        "annotations", {}
+    ), "defaults need no annotation"
+    manifest["metadata"]["annotations"]["raypod.io/hangwatch"] = '{"action": "explode"}'
+    with pytest.raises(errors.InvalidSpec, match=r"hangwatch\.action"):
+        manifests.spec_from_raycluster(manifest)

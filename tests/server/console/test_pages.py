@@ -77,7 +77,7 @@ def test_cluster_page_shows_nodes_snippets_manifest_and_escapes_user_text(
     assert manifest and yaml.safe_load(html.unescape(manifest.group(1)))["kind"] == "RayCluster"
     assert "CreatedHead" in page.text
     regions = client.get("/namespaces/default/clusters/demo?regions=1", headers=admin).json()
-    assert set(regions) == {"summary", "nodes", "events", "jobs"}
+    assert set(regions) == {"summary", "nodes", "events", "jobs", "deployments"}
     assert "3 / 3" in regions["summary"]
 
 
@@ -158,7 +158,8 @@ def test_events_page_filters_and_shows_only_visible_namespaces(client: TestClien
     assert client.get("/events?namespace=default", headers=bob).status_code == 403
     # Bob sees only his team's clusters in the list, and only his namespace in the create form.
     assert 'data-cluster="default/demo"' not in client.get("/", headers=bob).text
-    assert re.findall(r'<option value="([^"]+)"', client.get("/new", headers=bob).text) == ["research"]
+    namespaces = re.search(r'<select id="f-namespace".*?</select>', client.get("/new", headers=bob).text, re.S)
+    assert namespaces and re.findall(r'<option value="([^"]+)"', namespaces.group(0)) == ["research"]
 
 
 def test_events_api_searches_across_clusters(client: TestClient, admin: dict[str, str]) -> None:

@@ -20,11 +20,14 @@ def raycluster(spec: spec_mod.ClusterSpec) -> dict[str, Any]:
         "labels": {"app.kubernetes.io/managed-by": "raypod"},
     }
     if spec.owner:
-        metadata["annotations"] = {"raypod.io/owner": spec.owner}
+        metadata["annotations"] = {_OWNER_ANNOTATION: spec.owner}
     if spec.runtime_env:
-        metadata.setdefault("annotations", {})["raypod.io/default-runtime-env"] = json.dumps(
+        metadata.setdefault("annotations", {})[_RUNTIME_ENV_ANNOTATION] = json.dumps(
             spec.runtime_env, sort_keys=True
         )
+    hangwatch = spec.hangwatch.model_dump(mode="json", exclude_defaults=True)
+    if hangwatch:
+        metadata.setdefault("annotations", {})[_HANGWATCH_ANNOTATION] = json.dumps(hangwatch, sort_keys=True)
     body: dict[str, Any] = {
         "rayVersion": spec.ray_version,
         "enableInTreeAutoscaling": any(
@@ -132,7 +135,9 @@ _KNOWN = {
 }
 _OWNER_ANNOTATION = "raypod.io/owner"
 _RUNTIME_ENV_ANNOTATION = "raypod.io/default-runtime-env"
-_ANNOTATIONS = frozenset({_OWNER_ANNOTATION, _RUNTIME_ENV_ANNOTATION})
+# Hung-job detection's settings: read by raypod's agent, which KubeRay knows nothing of.
+_HANGWATCH_ANNOTATION = "raypod.io/hangwatch"
+_ANNOTATIONS = frozenset({_OWNER_ANNOTATION, _RUNTIME_ENV_ANNOTATION, _HANGWATCH_ANNOTATION})
 _MANAGED_LABELS = frozenset({"app.kubernetes.io/managed-by"})
 
 
@@ -167,11 +172,12 @@ def spec_from_raycluster(manifest: Any) -> spec_mod.ClusterSpec:
         extra = sorted(set(_mapping(metadata.get(key, {}), f"metadata.{key}")) - known)
         if extra:
             raise errors.InvalidSpec(f"metadata.{key}.{extra[0]}: raypod does not manage this field (it would be lost)")
-    if _RUNTIME_ENV_ANNOTATION in annotations:
-        try:
-            data["runtime_env"] = json.loads(annotations[_RUNTIME_ENV_ANNOTATION])
-        except (TypeError, ValueError):
-            raise errors.InvalidSpec(f"metadata.annotations.{_RUNTIME_ENV_ANNOTATION}: not valid JSON") from None
+    for annotation, field in ((_RUNTIME_ENV_ANNOTATION, "runtime_env"), (_HANGWATCH_ANNOTATION, "hangwatch")):
+        if annotation in annotations:
+            try:
+                data[field] = json.loads(annotations[annotation])
+            except (TypeError, ValueError):
+                raise errors.InvalidSpec(f"metadata.annotations.{annotation}: not valid JSON") from None
     for index, item in enumerate(_list(body.get("workerGroupSpecs", []), "spec.workerGroupSpecs")):
         where = f"spec.workerGroupSpecs[{index}]"
         group = _mapping(item, where)

@@ -25,6 +25,7 @@ from raypod.server import auth
 from raypod.server.console import views
 from raypod.server.routes.clusters import NamePath
 from raypod.server.routes.jobs import JobIdPath
+from raypod.server.routes.serving import serving_service
 
 STATIC_DIR = Path(__file__).parent / "static"
 TEMPLATES = jinja2.Environment(
@@ -189,12 +190,15 @@ def cluster_page(request: Request, namespace: NamePath, name: NamePath) -> Respo
     view = _clusters(request).get(principal, namespace, name)
     events = _clusters(request).events(principal, namespace, name, EVENTS_SHOWN)
     cluster_jobs = _jobs(request).list(principal, namespace, name)
+    deployments = serving_service(request).list(principal, namespace, name)
     return _render(
         request,
         principal,
         "cluster.html",
-        ("summary", "nodes", "events", "jobs"),
+        ("summary", "nodes", "events", "jobs", "deployments"),
         view=view,
+        deployments=deployments,
+        models=[entry.id for entry in serving_service(request).models.list()],
         nodes=views.node_rows(view),
         events=list(reversed(events)),
         jobs=list(reversed(cluster_jobs)),

@@ -252,8 +252,16 @@ function initNewCluster() {
       }
       return group;
     });
+    const timeout = form["hangwatch.timeout"].value.trim();
+    const hangwatch = {
+      ...(extra.hangwatch || {}),
+      enabled: form["hangwatch.enabled"].checked,
+      timeout: timeout === "" || timeout === "adaptive" ? null : timeout,
+      action: form["hangwatch.action"].value,
+    };
     const spec = {
       ...extra,
+      hangwatch,
       name: form.name.value.trim(),
       namespace: form.namespace.value,
       ray_version: form.ray_version.value.trim(),
@@ -279,6 +287,10 @@ function initNewCluster() {
     for (const group of worker_groups || []) addGroup(group);
     form.env.value = Object.entries(env || {}).map(([k, v]) => `${k}=${v}`).join("\n");
     form.runtime_env.value = runtime_env && Object.keys(runtime_env).length ? JSON.stringify(runtime_env, null, 2) : "";
+    const hangwatch = spec.hangwatch || {};
+    form["hangwatch.enabled"].checked = hangwatch.enabled !== false;
+    form["hangwatch.timeout"].value = hangwatch.timeout == null ? "adaptive" : `${hangwatch.timeout}s`;
+    form["hangwatch.action"].value = hangwatch.action || "notify";
   }
 
   async function yamlToSpec() {
@@ -399,6 +411,46 @@ function initCluster() {
     }
     dialog.close();
     document.querySelectorAll('[data-action="open-delete"]').forEach((b) => (b.disabled = true));
+  });
+}
+
+function initDeployments() {
+  if (document.body.dataset.page !== "cluster") return;
+  const message = document.getElementById("deployment-message");
+  const form = document.getElementById("deploy-form");
+  form?.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    clearErrors(form);
+    const spec = {
+      model: form.model.value,
+      replicas: Number(form.replicas.value),
+      cpus: Number(form.cpus.value),
+      kv_cache: form.kv_cache.checked,
+    };
+    if (form.name.value.trim()) spec.name = form.name.value.trim();
+    const button = form.querySelector('button[type="submit"]');
+    button.disabled = true;
+    try {
+      const result = await api("POST", clusterPath() + "/deployments", spec);
+      if (!result.ok) return showErrors(form, result.data);
+      message.className = "muted";
+      message.textContent = `Deploying ${result.data.model} as ${result.data.name}.`;
+    } finally {
+      button.disabled = false;
+    }
+  });
+  // Rows are re-rendered by the live region: listen on the section, not on each button.
+  document.querySelector('[data-region="deployments"]').addEventListener("click", async (event) => {
+    const button = event.target.closest('[data-action="delete-deployment"]');
+    if (!button) return;
+    button.disabled = true;
+    const name = button.dataset.name;
+    const result = await api("DELETE", `${clusterPath()}/deployments/${encodeURIComponent(name)}`);
+    message.className = result.ok ? "muted" : "error";
+    message.textContent = result.ok
+      ? `Deleting ${name}.`
+      : "Delete refused: " + ((result.data && result.data.message) || result.status);
+    if (!result.ok) button.disabled = false;
   });
 }
 
@@ -631,6 +683,7 @@ document.addEventListener("DOMContentLoaded", () => {
   initAutosubmit();
   initNewCluster();
   initCluster();
+  initDeployments();
   initCopy();
   initNewJob();
   initJob();
