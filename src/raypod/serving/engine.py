@@ -4,11 +4,16 @@ Prefill always runs in pieces that end on the cache's chunk boundaries, with or 
 read from the cache is then bit-for-bit what the same pieces computed, and greedy outputs are identical with and
 without the cache. Requests are taken one at a time by one thread (on CPU a second concurrent forward only
 splits the same cores); streaming callers read tokens as they are made.
+
+Keys and values live in one buffer per engine, reused by every request (``KVPool``): a cached prefix is copied
+into it once, and each forward appends in place. transformers' default cache concatenates on every step, which
+allocates the whole KV again each time; on this 2-core VM those fresh pages cost more than the attention itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -17,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raypod.serving.kvcache import KVCache
+from raypod.serving.kvcache import KVCache, warnings_suppressed
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +54,83 @@ class Step:
 
 @dataclass
 class Timing:
+    """Where one request's time to first token went, as the engine saw it."""
+
     ttft_s: float = 0.0
+    lookup_s: float = 0.0  # reading the cached prefix from the tiers
     cached_tokens: int = 0
     tiers: dict[str, int] = field(default_factory=dict)
+    queued_writes: int = 0  # the cache's background writes still pending when the request started
+
+
+class KVPool:
+    """Keys and values of every layer in one preallocated tensor (layers, 2, 1, kv_heads, capacity, head_dim),
+    grown when a request needs more: one allocation for the engine's life instead of one per token."""
+
+    def __init__(self, config: Any, dtype: Any) -> None:
+        import torch
+
+        self.torch = torch
+        self.layers = int(config.num_hidden_layers)
+        heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        self.shape = (heads, head_dim)
+        self.dtype = dtype
+        self.buffer = torch.empty((self.layers, 2, 1, heads, 0, head_dim), dtype=dtype)
+
+    def cache(self, tokens: int, prefix_chunks: list[Any], chunk_tokens: int) -> Any:
+        """A fresh transformers cache over the pool, room for ``tokens``, holding the prefix chunks (each
+        (layers, 2, kv_heads, chunk, head_dim)) already."""
+        from transformers import DynamicCache
+
+        torch = self.torch
+        if self.buffer.shape[4] < tokens:
+            capacity = -(-tokens // chunk_tokens) * chunk_tokens
+            self.buffer = torch.empty((self.layers, 2, 1, *self.shape[:1], capacity, self.shape[1]), dtype=self.dtype)
+        for index, chunk in enumerate(prefix_chunks):
+            window = slice(index * chunk_tokens, (index + 1) * chunk_tokens)
+            with warnings_suppressed():  # read-only shared memory (L1): only read here
+                self.buffer[:, :, 0, :, window].copy_(torch.from_numpy(chunk))
+        cache = DynamicCache()
+        cache.layers = [
+            _pooled_layer_class()(self.buffer[i, 0], self.buffer[i, 1], len(prefix_chunks) * chunk_tokens)
+            for i in range(self.layers)
+        ]
+        return cache
+
+
+@functools.cache
+def _pooled_layer_class() -> type:
+    """Built on first use: transformers is imported only where a model is served."""
+    from transformers.cache_utils import DynamicLayer
+
+    class PooledLayer(DynamicLayer):
+        """A DynamicLayer whose keys and values are views of the pool: ``update`` writes in place."""
+
+        def __init__(self, keys: Any, values: Any, length: int) -> None:
+            super().__init__()  # type: ignore[no-untyped-call]
+            self._keys, self._values, self._length = keys, values, length
+            if length:
+                self.is_initialized = True
+                self.device = keys.device
+                self.keys, self.values = keys[..., :length, :], values[..., :length, :]
+
+        def lazy_initialization(self, key_states: Any, value_states: Any) -> None:
+            self.device = key_states.device
+            self.keys, self.values = self._keys[..., :0, :], self._values[..., :0, :]
+            self.is_initialized = True
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            start, end = self._length, self._length + key_states.shape[-2]
+            self._keys[..., start:end, :].copy_(key_states)
+            self._values[..., start:end, :].copy_(value_states)
+            self._length = end
+            self.keys, self.values = self._keys[..., :end, :], self._values[..., :end, :]
+            return self.keys, self.values
+
+    return PooledLayer
 
 
 class Engine:
@@ -72,6 +151,7 @@ class Engine:
         self.eos_ids = set(_as_list(getattr(self.model.config, "eos_token_id", None)))
         self.cache = cache
         self.chunk = cache.config.chunk_tokens if cache else 256
+        self.pool = KVPool(self.model.config, getattr(torch, dtype))
         self.timings: list[Timing] = []  # the latest requests' TTFT and cache use, for metrics and tests
         self._lock = threading.Lock()
 
@@ -106,19 +186,15 @@ class Engine:
             yield from self._generate(request, cancelled or threading.Event())
 
     def _generate(self, request: GenerationRequest, cancelled: threading.Event) -> Iterator[Step]:
-        from transformers import DynamicCache
-
         torch = self.torch
         started = time.perf_counter()
         tokens = list(request.prompt_ids)
         use_cache = request.use_cache and self.cache is not None
+        queued = self.cache.pending_writes() if self.cache is not None else 0
         prefix = self.cache.lookup(tokens) if use_cache and self.cache is not None else None
-        kv: Any = DynamicCache()
-        done = 0
-        if prefix is not None and prefix.tokens:
-            for index, (keys, values) in enumerate(prefix.layers()):
-                kv.update(keys, values, index)
-            done = prefix.tokens
+        looked_up = time.perf_counter()
+        kv = self.pool.cache(len(tokens) + request.max_tokens, prefix.chunks if prefix else [], self.chunk)
+        done = prefix.tokens if prefix else 0
         logits = None
         while done < len(tokens):
             end = min(len(tokens), (done // self.chunk + 1) * self.chunk)
@@ -127,11 +203,36 @@ class Engine:
             logits = output.logits[0, -1]
             done = end
         assert logits is not None
-        if use_cache and self.cache is not None:
-            cached_chunks = prefix.tokens // self.chunk if prefix else 0
-            self.cache.store(tokens, [(layer.keys, layer.values) for layer in kv.layers], cached_chunks)
+        try:
+            yield from self._decode(request, tokens, kv, logits, prefix, started, looked_up, queued, cancelled)
+        finally:
+            # After the answer (the first token is not kept waiting), and before the next request reuses the pool:
+            # the new chunks are copied out here and written to the tiers in the background.
+            if use_cache and self.cache is not None:
+                cached_chunks = prefix.tokens // self.chunk if prefix else 0
+                layers = [(layer.keys, layer.values) for layer in kv.layers]
+                self.cache.store(tokens, layers, cached_chunks, snapshot=True)
+
+    def _decode(
+        self,
+        request: GenerationRequest,
+        tokens: list[int],
+        kv: Any,
+        logits: Any,
+        prefix: Any,
+        started: float,
+        looked_up: float,
+        queued: int,
+        cancelled: threading.Event,
+    ) -> Iterator[Step]:
+        torch = self.torch
         generator = torch.Generator().manual_seed(request.seed) if request.seed is not None else None
-        timing = Timing(cached_tokens=prefix.tokens if prefix else 0, tiers=dict(prefix.tiers) if prefix else {})
+        timing = Timing(
+            lookup_s=looked_up - started,
+            cached_tokens=prefix.tokens if prefix else 0,
+            tiers=dict(prefix.tiers) if prefix else {},
+            queued_writes=queued,
+        )
         produced: list[int] = []
         text = ""
         for index in range(request.max_tokens):

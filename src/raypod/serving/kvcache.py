@@ -174,7 +174,8 @@ class ProcessL1:
 
 class NodeL1Store:
     """The body of the per-node actor: an LRU index, by bytes, of chunks it put into the node's object store
-    itself, so they are owned by it and outlive the replica that computed them."""
+    itself, so they are owned by it and outlive the replica that computed them (Ray 2.56 removed ``ray.put``'s
+    ``_owner``: a replica cannot put them there on the actor's behalf)."""
 
     def __init__(self, capacity_bytes: int) -> None:
         self.index = _LruIndex(capacity_bytes)
@@ -229,7 +230,9 @@ class NodeL1:
 
 
 class L2(Protocol):
-    def get_many(self, keys: list[str]) -> list[bytes | None]: ...
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        """The entries of ``keys`` in order, None for a missing one; it may stop after the first None."""
+        ...
 
     def put(self, key: str, blob: bytes) -> None: ...
 
@@ -241,7 +244,15 @@ class RedisL2:
         self.client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
 
     def get_many(self, keys: list[str]) -> list[bytes | None]:
-        return list(self.client.mget([f"raypod:kv:{key}" for key in keys])) if keys else []  # type: ignore[arg-type]
+        """Up to the first missing key. One GET each: a single MGET of hundreds of megabytes makes Redis build
+        the whole answer before sending any of it, and reads slower (measured here)."""
+        found: list[bytes | None] = []
+        for key in keys:
+            blob: Any = self.client.get(f"raypod:kv:{key}")
+            found.append(blob)
+            if blob is None:
+                break
+        return found
 
     def put(self, key: str, blob: bytes) -> None:
         self.client.set(f"raypod:kv:{key}", blob)
@@ -264,6 +275,7 @@ class FsspecL2:
                 found.append(self.fs.cat_file(self._path(key)))
             except FileNotFoundError:
                 found.append(None)
+                break
         return found
 
     def put(self, key: str, blob: bytes) -> None:
@@ -379,16 +391,32 @@ class KVCache:
             self.metric("kv_cache_miss_chunks", missed, {})
         return prefix
 
-    def store(self, tokens: Sequence[int], layers: Sequence[tuple[Any, Any]], cached_chunks: int = 0) -> None:
+    def store(
+        self,
+        tokens: Sequence[int],
+        layers: Sequence[tuple[Any, Any]],
+        cached_chunks: int = 0,
+        *,
+        snapshot: bool = False,
+    ) -> None:
         """Queue every full chunk of ``tokens`` past the first ``cached_chunks`` (already cached) for L1 and L2.
 
-        ``layers`` are per-layer (keys, values) tensors of shape (1, kv_heads, >= len(tokens), dim); they are read
-        later, in the background, so they must not be modified in place afterwards (transformers' caches grow by
-        concatenation, which leaves them alone).
+        ``layers`` are per-layer (keys, values) tensors of shape (1, kv_heads, >= len(tokens), dim). Without
+        ``snapshot`` they are read later, in the background, so they must not be modified in place afterwards
+        (transformers' default cache grows by concatenation, which leaves them alone); with it the chunks are
+        copied out now, and the caller may reuse the tensors at once.
         """
         keys = self.keys(tokens)[cached_chunks:]
-        if keys:
+        if not keys:
+            return
+        if snapshot:
+            arrays = [self._chunk_of(list(layers), cached_chunks + i) for i in range(len(keys))]
+            self._enqueue(_Write(keys, arrays, [], cached_chunks, to_l2=True))
+        else:
             self._enqueue(_Write(keys, [], list(layers), cached_chunks, to_l2=True))
+
+    def pending_writes(self) -> int:
+        return self._writes.unfinished_tasks
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until queued writes are done (tests, benchmarks, shutdown)."""
@@ -454,7 +482,7 @@ class KVCache:
             self._l2_failed("read", exc)
             return []
         found = []
-        for key, blob in zip(keys, blobs, strict=True):
+        for key, blob in zip(keys, blobs, strict=False):  # a tier may stop at its first miss
             if blob is None:
                 break
             try:

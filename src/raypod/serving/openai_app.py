@@ -179,6 +179,9 @@ class OpenAIServer:
             "pid": os.getpid(),
             "cached_tokens": timing.cached_tokens if timing else 0,
             "cache_chunks": timing.tiers if timing else {},
+            "engine_ttft_ms": round(timing.ttft_s * 1000, 1) if timing else None,
+            "lookup_ms": round(timing.lookup_s * 1000, 1) if timing else None,
+            "queued_writes": timing.queued_writes if timing else 0,
         }
 
     def _check_model(self, model: str) -> None:
