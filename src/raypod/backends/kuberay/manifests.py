@@ -22,9 +22,7 @@ def raycluster(spec: spec_mod.ClusterSpec) -> dict[str, Any]:
     if spec.owner:
         metadata["annotations"] = {_OWNER_ANNOTATION: spec.owner}
     if spec.runtime_env:
-        metadata.setdefault("annotations", {})[_RUNTIME_ENV_ANNOTATION] = json.dumps(
-            spec.runtime_env, sort_keys=True
-        )
+        metadata.setdefault("annotations", {})[_RUNTIME_ENV_ANNOTATION] = json.dumps(spec.runtime_env, sort_keys=True)
     hangwatch = spec.hangwatch.model_dump(mode="json", exclude_defaults=True)
     if hangwatch:
         metadata.setdefault("annotations", {})[_HANGWATCH_ANNOTATION] = json.dumps(hangwatch, sort_keys=True)
