@@ -32,7 +32,7 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # The CPU build of torch, from this machine's wheel, before anything could ask for a CUDA one.
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
-.venv/bin/python -m pip install --quiet -e ".[test,checkpoint,s3,train,serving]"
+.venv/bin/python -m pip install --quiet -e ".[test,checkpoint,s3,train,serving,spaces]"
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/ruff format --check src tests benchmarks
 .venv/bin/mypy

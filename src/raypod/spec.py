@@ -46,6 +46,10 @@ MAX_RUNTIME_ENV_BYTES = 64 * 1024
 RAY_BUILTIN_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
 RESERVED_LABEL_PREFIXES = ("ray.io/", "raypod.io/")
 HEAD_GROUP = "headgroup"
+SPACE_GROUP = "space"  # a workspace's node is ``space-<name>`` (capabilities/spaces)
+SPACE_LABEL = "raypod.io/space"
+SPACE_OBJECT_STORE_BYTES = 128 * 2**20  # a driver's own puts; results come from the workers' stores
+MAX_SPACES = 16
 DEFAULT_RAY_VERSION = "2.60.0"
 
 _UNITS = {
@@ -160,6 +164,8 @@ class WorkerGroupSpec(NodeGroupSpec):
         _check_dns_label(value, "worker group name", max_len=40)
         if value == HEAD_GROUP:
             raise ValueError(f"worker group name '{HEAD_GROUP}' is reserved for the head")
+        if value == SPACE_GROUP:
+            raise ValueError(f"worker group name '{SPACE_GROUP}' is reserved for workspaces")
         return value
 
     @model_validator(mode="after")
@@ -526,6 +532,30 @@ def hang_overrides_from_metadata(metadata: dict[str, str]) -> HangOverrides | No
         raise ValueError(f"job metadata raypod.hang_*: {exc}") from None
 
 
+class SpaceKind(StrEnum):
+    JUPYTERLAB = "jupyterlab"
+    CODE_EDITOR = "code-editor"
+
+
+class SpaceSpec(_Strict):
+    """A workspace: an IDE on a zero-compute Ray node of the cluster, so its kernels are drivers of the cluster."""
+
+    name: str = Field(description="Workspace name (DNS-1123 label, unique in its namespace).")
+    kind: SpaceKind = SpaceKind.JUPYTERLAB
+    running: bool = Field(True, description="False: stopped; its node is gone, its files are kept.")
+    owner: str | None = Field(None, max_length=128, description="Who may open it, besides team admins.")
+    memory: ByteSize = Field(2**30, description="Memory Ray schedules against on the workspace's node.")
+
+    @field_validator("name")
+    @classmethod
+    def _space_name(cls, value: str) -> str:
+        _check_dns_label(value, "workspace name", max_len=40)
+        return value
+
+    def node_name(self) -> str:
+        return f"{SPACE_GROUP}-{self.name}"
+
+
 class ClusterSpec(_Strict):
     """Everything needed to run one Ray cluster: the desired state the reconciler converges to."""
 
@@ -543,6 +573,7 @@ class ClusterSpec(_Strict):
     recovery: RecoverySpec = Field(default_factory=RecoverySpec)
     health_checks: list[HealthCheckSpec] = Field(default_factory=list, max_length=MAX_HEALTH_CHECKS)
     hangwatch: HangwatchSpec = Field(default_factory=HangwatchSpec)
+    spaces: list[SpaceSpec] = Field(default_factory=list, max_length=MAX_SPACES, description="Workspaces.")
 
     @field_validator("name")
     @classmethod
@@ -588,11 +619,22 @@ class ClusterSpec(_Strict):
         repeated = sorted({name for name in checks if checks.count(name) > 1})
         if repeated:
             raise ValueError(f"health check names must be unique, repeated: {', '.join(repeated)}")
+        spaces = [space.name for space in self.spaces]
+        repeated = sorted({name for name in spaces if spaces.count(name) > 1})
+        if repeated:
+            raise ValueError(f"workspace names must be unique, repeated: {', '.join(repeated)}")
         return self
 
     def group_of(self, node: str) -> str:
-        """The group a node name belongs to (``head`` is the head group's)."""
-        return HEAD_GROUP if node == "head" else node.rsplit("-", 1)[0]
+        """The group a node name belongs to (``head`` is the head group's, ``space-*`` the workspaces')."""
+        if node == "head":
+            return HEAD_GROUP
+        if node.startswith(SPACE_GROUP + "-"):
+            return SPACE_GROUP
+        return node.rsplit("-", 1)[0]
+
+    def space(self, name: str) -> SpaceSpec | None:
+        return next((space for space in self.spaces if space.name == name), None)
 
     def group(self, name: str) -> WorkerGroupSpec:
         """Return the worker group called ``name``.
@@ -642,6 +684,23 @@ class ClusterSpec(_Strict):
             )
         if self.hangwatch.enabled:
             nodes = [replace(node, hangwatch=self.hangwatch) for node in nodes]
+        for space in self.spaces:
+            if space.running:
+                # Zero compute: Ray schedules nothing here, so a notebook's tasks run on the workers.
+                nodes.append(
+                    NodeSpec(
+                        name=space.node_name(),
+                        group=SPACE_GROUP,
+                        is_head=False,
+                        cpus=0,
+                        memory=space.memory,
+                        object_store_memory=SPACE_OBJECT_STORE_BYTES,
+                        labels={SPACE_LABEL: space.name},
+                        env=dict(self.env),
+                        space=space,
+                        space_path=f"/spaces/{self.namespace}/{space.name}/",
+                    )
+                )
         return nodes
 
     def to_yaml(self) -> str:
@@ -669,6 +728,8 @@ class NodeSpec:
     env: dict[str, str] = field(default_factory=dict)
     managed_redis: bool = False  # a head whose GCS stores its state in a Redis the backend runs
     hangwatch: HangwatchSpec | None = None  # the hang detection agent's settings, when it runs on the node
+    space: SpaceSpec | None = None  # the workspace whose IDE the node hosts
+    space_path: str = ""  # the workspace's URL path on raypod's server (its IDE's base URL)
 
     @classmethod
     def from_group(cls, group: str, name: str, spec: NodeGroupSpec, env: dict[str, str], *, is_head: bool) -> NodeSpec:

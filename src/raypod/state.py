@@ -314,6 +314,21 @@ class ServeReplica(BaseModel):
     pid: int | None = None
 
 
+class SpaceView(BaseModel):
+    """A workspace as users see it. ``state``: Ready (its IDE answers), Starting, Stopped, or Unknown (its
+    cluster is not observed yet)."""
+
+    name: str
+    namespace: str
+    cluster: str
+    kind: str
+    owner: str | None
+    state: str
+    message: str = ""
+    url: str = Field(description="Path of the IDE on raypod's server.")
+    node: str = Field(description="The workspace's Ray node (0 CPUs, label raypod.io/space).")
+
+
 class DeploymentView(BaseModel):
     """A model on a cluster's Ray Serve. ``status`` is Serve's own (RUNNING, DEPLOYING, DEPLOY_FAILED, UNHEALTHY,
     DELETING), ``UNKNOWN`` while the cluster's dashboard does not answer, or raypod's ``SUBMITTED`` before Serve

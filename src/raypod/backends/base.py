@@ -70,6 +70,11 @@ class Backend(Protocol):
         as this host sees it; nodes without an agent are left out."""
         ...
 
+    def space_token(self, cluster_id: str, node: str) -> str:
+        """The token of the IDE a workspace node hosts; the gateway presents it, users never see it. Endpoints
+        ``space/<name>`` in ``observe`` say where each running IDE answers."""
+        ...
+
     def hidden_from_nodes(self, cluster_id: str, path: str) -> str | None:
         """Why the cluster's nodes cannot read ``path`` of the server's filesystem (a model directory, say), or
         None where they can."""

@@ -136,6 +136,9 @@ class FakeBackend:
     def hidden_from_nodes(self, cluster_id: str, path: str) -> str | None:
         return None
 
+    def space_token(self, cluster_id: str, node: str) -> str:
+        return f"fake-ide-token-{cluster_id}-{node}"
+
     def kv_store(self, cluster_id: str, max_bytes: int) -> str:
         raise errors.InvalidSpec("the fake backend runs no Redis: give the KV cache an L2 address")
 

@@ -32,6 +32,7 @@ from raypod import config, errors, state
 from raypod import spec as spec_mod
 from raypod.backends import _ports, base, commands, ray_jobs
 from raypod.capabilities.hangwatch import layout as hangwatch_layout  # a leaf module: paths and names only
+from raypod.capabilities.spaces import ide as space_ide
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,12 @@ class _NodeRecord:
     hangwatch_dir: str = ""  # the node's hangwatch directory when its agent runs (capabilities/hangwatch)
     hangwatch_pid: int = 0
     hangwatch_create_time: float = 0.0
+    space_kind: str = ""  # the workspace IDE the node hosts (capabilities/spaces), when it hosts one
+    space_path: str = ""  # its base URL path on raypod's server
+    space_dir: str = ""  # its files
+    ide_port: int = 0
+    ide_pid: int = 0
+    ide_create_time: float = 0.0
 
 
 class LocalBackend:
@@ -130,6 +137,7 @@ class LocalBackend:
         self._gcs_errors: dict[str, str] = {}
         self._memory_samples: dict[str, tuple[float, dict[str, int | None]]] = {}
         self._inside: dict[int, tuple[int, float]] = {}
+        self._ide_answered: dict[tuple[str, str], int] = {}  # (cluster, node) -> the IDE pid that answered
         self._http = httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
         gpus = _count_gpus()
         self.features = frozenset(
@@ -193,8 +201,15 @@ class LocalBackend:
         for record in records.values():
             if record.hangwatch_dir and _is_alive(record):
                 self._ensure_hangwatch_agent(cluster_id, record)
+            if record.space_kind and record.registered and _is_alive(record):
+                self._ensure_ide(cluster_id, cluster, record)
         memory = self._memory_of(cluster_id, processes)
         nodes = {name: _observe_node(record, table, cluster, memory.get(name)) for name, record in records.items()}
+        spaces = {
+            f"space/{record.name.removeprefix(spec_mod.SPACE_GROUP + '-')}": f"http://127.0.0.1:{record.ide_port}"
+            for record in records.values()
+            if record.space_kind and self._ide_answers(cluster_id, record)
+        }
         return state.ObservedCluster(
             nodes=nodes,
             endpoints={
@@ -202,6 +217,7 @@ class LocalBackend:
                 "gcs": f"127.0.0.1:{cluster.gcs_port}",
                 "client": f"ray://127.0.0.1:{cluster.client_port}",
                 "serve": f"http://127.0.0.1:{self._serve_port(cluster_id, cluster)}",
+                **spaces,
             },
             stray_nodes=frozenset(name for name in processes if name not in records and not name.startswith("_")),
             gcs_reachable=table.error is None,
@@ -311,11 +327,23 @@ class LocalBackend:
                 hangwatch_layout.write_json(
                     Path(record.hangwatch_dir) / "config.json", node.hangwatch.model_dump(mode="json")
                 )
+            binds: list[str] = []
+            if node.space is not None:
+                namespace, name = node.space_path.strip("/").split("/")[1:3]
+                files = space_ide.files_dir(self.home, namespace, name)
+                files.mkdir(parents=True, exist_ok=True)
+                record.space_kind, record.space_path, record.space_dir = (
+                    node.space.kind.value,
+                    node.space_path,
+                    str(files),
+                )
+                record.ide_port = _ports.allocate(1, self._reserved_ports() | set(ports))[0]
+                binds.append(str(files))
             node_dir = self._cluster_dir(cluster_id) / "nodes"
             log = open(node_dir / f"{node.name}.log", "ab")  # noqa: SIM115 - handed to the child
             try:
                 child = subprocess.Popen(
-                    self._sandboxed(cluster, self._command(cluster_id, cluster, record, node)),
+                    self._sandboxed(cluster, self._command(cluster_id, cluster, record, node), binds),
                     env=self._environment(cluster_id, node, record),
                     # Not the server's working directory: a sandboxed node may not see it, and Python's spawned
                     # subprocesses (the dashboard's modules) die at start when they cannot enter it.
@@ -411,6 +439,73 @@ class LocalBackend:
         record.hangwatch_pid, record.hangwatch_create_time = child.pid, _create_time(child.pid)
         self._write_node(cluster_id, record)
 
+    def _ensure_ide(self, cluster_id: str, cluster: _ClusterRecord, record: _NodeRecord) -> None:
+        """Start the workspace's IDE beside its node's raylet, or again when it died (its files stay): inside the
+        node's namespaces, so a kernel's ``ray.init(address="auto")`` finds this node's raylet and no other."""
+        if record.ide_pid and _process_matches(record.ide_pid, record.ide_create_time):
+            return
+        kind = spec_mod.SpaceKind(record.space_kind)
+        files = Path(record.space_dir)
+        where = config.read_credentials()  # the server's address and CA; its token is not for the node
+        try:
+            environment = space_ide.environment(
+                psutil.Process(record.pid).environ(),
+                kind,
+                self.space_token(cluster_id, record.name),
+                files,
+                f"127.0.0.1:{cluster.gcs_port}",
+                where.get("server"),
+                space_ide.copy_ca(where.get("ca_file"), files),
+            )
+            argv = self._as_node(record, space_ide.command(kind, record.ide_port, record.space_path, files))
+        except (psutil.Error, errors.RaypodError):
+            return  # the node is starting or stopping: next pass
+        if record.ide_pid:
+            log.warning("the IDE of workspace node %s exited; starting it again", record.name)
+        with open(self._cluster_dir(cluster_id) / "nodes" / f"{record.name}.ide.log", "ab") as output:
+            child = subprocess.Popen(
+                argv,
+                env=environment,
+                cwd=str(files),
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        self._children[child.pid] = child
+        record.ide_pid, record.ide_create_time = child.pid, _create_time(child.pid)
+        self._write_node(cluster_id, record)
+
+    def _ide_answers(self, cluster_id: str, record: _NodeRecord) -> bool:
+        """Whether the node's IDE runs and has answered once (an IDE takes seconds to listen after it starts)."""
+        if not (record.ide_pid and _process_matches(record.ide_pid, record.ide_create_time)):
+            return False
+        if self._ide_answered.get((cluster_id, record.name)) == record.ide_pid:
+            return True
+        kind = spec_mod.SpaceKind(record.space_kind)
+        path = f"{record.space_path}api/status" if kind is spec_mod.SpaceKind.JUPYTERLAB else "/healthz"
+        try:
+            response = httpx.get(
+                f"http://127.0.0.1:{record.ide_port}{path}",
+                headers={"Authorization": f"token {self.space_token(cluster_id, record.name)}"},
+                timeout=1.0,
+            )
+        except httpx.HTTPError:
+            return False
+        if response.status_code != 200:
+            return False
+        self._ide_answered[(cluster_id, record.name)] = record.ide_pid
+        return True
+
+    def space_token(self, cluster_id: str, node: str) -> str:
+        """The IDE's token of a workspace node (0600 in the cluster's directory; the gateway presents it)."""
+        path = self._cluster_dir(cluster_id) / "spaces" / f"{node}.token"
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            return _new_token(path)
+
     def run_on_node(self, cluster_id: str, name: str, command: str, timeout_s: float) -> commands.CommandResult:
         """Run ``command`` with the node's own environment and, when nodes are sandboxed, inside the node's
         namespaces without capabilities: a health check sees what the node sees and can do no more."""
@@ -466,7 +561,7 @@ class LocalBackend:
 
     # -- processes -----------------------------------------------------------------------------------------
 
-    def _sandboxed(self, cluster: _ClusterRecord, command: list[str]) -> list[str]:
+    def _sandboxed(self, cluster: _ClusterRecord, command: list[str], binds: list[str] | None = None) -> list[str]:
         """Run a node in its own mount and PID namespace, without capabilities, when the host allows it: the
         node (and every job on it) sees a fresh temporary directory holding only its cluster's, an empty
         $RAYPOD_HOME, and only its own processes; without capabilities it cannot undo the mounts."""
@@ -488,6 +583,8 @@ class LocalBackend:
             str(self.home.resolve()),
             str(len(keep)),
             *keep,
+            str(len(binds or [])),
+            *(binds or []),
             "--",
             *command,
         ]
@@ -801,7 +898,7 @@ class LocalBackend:
             for path in (directory / "nodes").glob("*.json"):
                 node = _read_json(path)
                 if node:
-                    reserved |= {node[key] for key in NODE_PORTS if key in node}
+                    reserved |= {node[key] for key in (*NODE_PORTS, "ide_port") if node.get(key)}
         return reserved
 
 

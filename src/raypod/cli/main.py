@@ -10,7 +10,7 @@ import typer
 from typer.core import TyperGroup
 
 from raypod import config, errors, state
-from raypod.cli import cluster, daemon, identities, job, model, monitoring, node, output, serve
+from raypod.cli import cluster, daemon, identities, job, model, monitoring, node, output, serve, space
 from raypod.client import Client, connection_settings
 
 
@@ -37,6 +37,7 @@ app.add_typer(job.app, name="job")
 app.add_typer(node.app, name="node")
 app.add_typer(model.app, name="model")
 app.add_typer(serve.app, name="serve")
+app.add_typer(space.app, name="space")
 app.add_typer(monitoring.app, name="monitoring")
 app.add_typer(identities.token_app, name="token")
 app.add_typer(identities.user_app, name="user")

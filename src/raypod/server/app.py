@@ -12,12 +12,13 @@ from fastapi import FastAPI
 import raypod
 from raypod import backends, config
 from raypod.backends import base
-from raypod.controlplane import hangs, identity, jobs, loop, plan, service, serving, store
+from raypod.controlplane import hangs, identity, jobs, loop, plan, service, serving, spaces, store
 from raypod.server import console, gateway, limits
 from raypod.server import errors as server_errors
 from raypod.server.routes import clusters, identities, monitoring
 from raypod.server.routes import jobs as job_routes
 from raypod.server.routes import serving as serving_routes
+from raypod.server.routes import spaces as space_routes
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         app.state.gateway_routes = gateway.RouteCache(app.state.clusters)
         app.state.jobs = jobs.JobService(app.state.clusters)
         app.state.serving = serving.ServingService(app.state.clusters, serving.ModelCatalog(db.engine))
+        app.state.spaces = spaces.SpaceService(app.state.clusters, settings.home)
         supervisor = jobs.JobSupervisor(app.state.jobs, interval_s=min(settings.reconcile_interval_s, 1.0))
         supervisor.start()
         app.state.hangs = hangs.HangCollector(db, app.state.jobs, interval_s=min(settings.reconcile_interval_s, 1.0))
@@ -94,11 +96,13 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
     app.include_router(identities.router)
     app.include_router(job_routes.router)
     app.include_router(serving_routes.router)
+    app.include_router(space_routes.router)
     app.include_router(monitoring.router)
     app.include_router(identities.login_router)
     app.include_router(gateway.router)
     console.install(app)
     app.router.routes.append(gateway.http_route)
+    app.router.routes.append(gateway.space_http_route)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

@@ -28,7 +28,7 @@ from starlette.concurrency import run_in_threadpool
 from raypod import errors
 from raypod import spec as spec_mod
 from raypod.capabilities.observability import metrics
-from raypod.controlplane import identity, service
+from raypod.controlplane import identity, service, spaces
 from raypod.server import auth
 
 router = APIRouter(tags=["gateway"])
@@ -256,8 +256,6 @@ async def proxy(request: Request) -> Response:
     verb = identity.Verb.VIEW if request.method in READ_METHODS or serving else identity.Verb.OPERATE
     route = await _resolve(request.app.state, principal, namespace, name, verb)
     length = _framing(request)
-    limit: ConcurrencyLimit = request.app.state.gateway_limit
-    session: aiohttp.ClientSession = request.app.state.gateway_http
     headers = _upstream_headers(request, route, f"/clusters/{namespace}/{name}", length)
     upstream_base, upstream_path = route.dashboard, path
     if serving:
@@ -272,7 +270,30 @@ async def proxy(request: Request) -> Response:
         body = await _checked_submission(request)
         length = len(body)
         headers = _upstream_headers(request, route, f"/clusters/{namespace}/{name}", length)
-    with limit.hold(principal.user, namespace, name):
+    return await _forward(
+        request,
+        url,
+        headers,
+        body,
+        (principal.user, namespace, name),
+        f"cluster {namespace}/{name} {upstream_name}",
+        path,
+    )
+
+
+async def _forward(
+    request: Request,
+    url: str,
+    headers: list[tuple[str, str]],
+    body: Any,
+    limit_key: tuple[str, str, str],
+    upstream_name: str,
+    metric_path: str,
+) -> Response:
+    """Send the request upstream and relay its answer: small answers in one piece, others streamed."""
+    limit: ConcurrencyLimit = request.app.state.gateway_limit
+    session: aiohttp.ClientSession = request.app.state.gateway_http
+    with limit.hold(*limit_key):
         started = time.perf_counter()
         try:
             upstream = await session.request(
@@ -284,23 +305,19 @@ async def proxy(request: Request) -> Response:
                 auto_decompress=False,
             )
         except TimeoutError:
-            raise errors.TransientError(f"cluster {namespace}/{name} {upstream_name} did not answer in time") from None
+            raise errors.TransientError(f"{upstream_name} did not answer in time") from None
         except (aiohttp.ClientError, OSError) as exc:
-            raise errors.TransientError(
-                f"cluster {namespace}/{name} {upstream_name} is not answering ({type(exc).__name__})"
-            ) from None
-        metrics.GATEWAY_SECONDS.labels(metrics.gateway_route(path)).observe(time.perf_counter() - started)
+            raise errors.TransientError(f"{upstream_name} is not answering ({type(exc).__name__})") from None
+        metrics.GATEWAY_SECONDS.labels(metrics.gateway_route(metric_path)).observe(time.perf_counter() - started)
         response_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
         if upstream.content_length is not None and upstream.content_length <= SMALL_BODY_BYTES:
             try:
-                body = await upstream.read()
+                content = await upstream.read()
             except (TimeoutError, aiohttp.ClientError) as exc:
-                raise errors.TransientError(
-                    f"cluster {namespace}/{name} {upstream_name} broke off its answer ({type(exc).__name__})"
-                ) from None
+                raise errors.TransientError(f"{upstream_name} broke off its answer ({type(exc).__name__})") from None
             finally:
                 upstream.release()
-            return Response(body, status_code=upstream.status, headers=response_headers)
+            return Response(content, status_code=upstream.status, headers=response_headers)
     event_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
     return StreamingResponse(
         _relay(upstream, event_stream),
@@ -373,25 +390,32 @@ async def proxy_websocket(websocket: WebSocket, namespace: str, name: str, path:
     except errors.RaypodError as exc:
         await websocket.close(code=4401 if isinstance(exc, errors.Unauthenticated) else 4403, reason=exc.message[:120])
         return
-    target = f"{route.dashboard}/{path}".replace("http://", "ws://", 1)
+    await _relay_websocket(websocket, f"{route.dashboard}/{path}", route.headers, "cluster dashboard")
+
+
+async def _relay_websocket(websocket: WebSocket, upstream_url: str, headers: dict[str, str], what: str) -> None:
+    target = upstream_url.replace("http://", "ws://", 1)
     if websocket.url.query:
         target += f"?{websocket.url.query}"
+    settings = websocket.app.state.settings
+    subprotocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     try:
         # No permessage-deflate upstream: aiohttp's compressed frames (Ray's dashboard) end a `websockets` session.
         # Pings keep the path open, but a late pong on a busy host never closes a log stream.
         async with websockets.connect(
             target,
-            additional_headers=route.headers,
+            additional_headers=headers,
+            subprotocols=subprotocols or None,  # type: ignore[arg-type]
             max_size=None,
             compression=None,
-            ping_interval=state.settings.ws_ping_interval_s,
+            ping_interval=settings.ws_ping_interval_s,
             ping_timeout=None,
-            open_timeout=state.settings.gateway_connect_timeout_s,
+            open_timeout=settings.gateway_connect_timeout_s,
         ) as upstream:
-            await websocket.accept()
+            await websocket.accept(subprotocol=upstream.subprotocol)
             await _pump(websocket, upstream)
     except (OSError, websockets.InvalidHandshake):
-        await websocket.close(code=1011, reason="cluster dashboard is not answering")
+        await websocket.close(code=1011, reason=f"{what} is not answering")
 
 
 def _same_origin(websocket: WebSocket) -> bool:
@@ -439,3 +463,98 @@ async def _pump(client: WebSocket, upstream: websockets.ClientConnection) -> Non
 
 
 http_route = starlette_routing.Route("/clusters/{namespace}/{name}/{path:path}", proxy, methods=METHODS)
+
+
+# -- workspaces: /spaces/<namespace>/<name>/ ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpaceRoute:
+    ide: str | None  # where the workspace's IDE answers, None while it does not
+    message: str
+    token: str
+    owner: str | None
+    team: str | None
+
+
+async def _resolve_space(state: Any, principal: identity.Principal, namespace: str, name: str) -> SpaceRoute:
+    """Only the workspace's owner and admins get further than a NotFound that names nothing else: a workspace
+    runs its owner's code, so even reading its pages needs the owner's rights.
+
+    Raises:
+        NotFound, Conflict (its IDE is not running).
+    """
+    _check_names(namespace, name)
+    clusters: service.ClusterService = state.clusters
+
+    def lookup() -> SpaceRoute:
+        view = next((v for v in clusters.store.list(namespace) if v.spec.space(name)), None)
+        space = view.spec.space(name) if view else None
+        if view is None or space is None:
+            raise errors.NotFound(f"workspace '{name}' not found in namespace '{namespace}'")
+        ide = view.status.endpoints.get(f"space/{name}") if space.running and not view.deleting else None
+        message = "stopped" if not space.running else f"its IDE is not running yet ({view.status.message})"
+        token = clusters.backend.space_token(view.uid, space.node_name())
+        return SpaceRoute(ide, message, token, space.owner, clusters.identities.namespace_team(namespace))
+
+    route = await run_in_threadpool(lookup)
+    if not spaces.may_open(principal, route.team, route.owner):
+        raise errors.NotFound(f"workspace '{name}' not found in namespace '{namespace}'")
+    if route.ide is None:
+        raise errors.Conflict(f"workspace {namespace}/{name} is not ready: {route.message}")
+    return route
+
+
+def _space_headers(request: Request, route: SpaceRoute, length: int | None) -> list[tuple[str, str]]:
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() in FORWARDED_REQUEST_HEADERS]
+    headers.append(("Authorization", f"token {route.token}"))
+    if request.method in WRITE_METHODS and length is not None:
+        headers.append(("Content-Length", str(length)))
+    return headers
+
+
+async def space_proxy(request: Request) -> Response:
+    """Forward a request to a workspace's IDE, which serves under the same path (its base URL)."""
+    params = request.path_params
+    namespace, name = params["namespace"], params["name"]
+    principal = await _principal(request)
+    route = await _resolve_space(request.app.state, principal, namespace, name)
+    length = _framing(request)
+    url = f"{route.ide}{request.url.path}" + (f"?{request.url.query}" if request.url.query else "")
+    body: Any = request.stream() if request.method in WRITE_METHODS else None
+    headers = _space_headers(request, route, length)
+    return await _forward(
+        request,
+        url,
+        headers,
+        body,
+        (principal.user, namespace, f"space/{name}"),
+        f"workspace {namespace}/{name}",
+        "space",
+    )
+
+
+@router.websocket("/spaces/{namespace}/{name}/{path:path}")
+async def space_websocket(websocket: WebSocket, namespace: str, name: str, path: str) -> None:
+    """A workspace's websockets: kernels, terminals."""
+    state = websocket.app.state
+    if not websocket.headers.get("authorization") and not _same_origin(websocket):
+        await websocket.close(code=4403, reason="cross-origin websocket refused")
+        return
+    try:
+        principal = await run_in_threadpool(
+            auth.authenticate_websocket,
+            state.identities,
+            websocket.headers.get("authorization"),
+            websocket.cookies.get(auth.SESSION_COOKIE),
+        )
+        route = await _resolve_space(state, principal, namespace, name)
+    except errors.RaypodError as exc:
+        await websocket.close(code=4401 if isinstance(exc, errors.Unauthenticated) else 4403, reason=exc.message[:120])
+        return
+    assert route.ide is not None
+    headers = {"Authorization": f"token {route.token}"}
+    await _relay_websocket(websocket, f"{route.ide}{websocket.url.path}", headers, f"workspace {namespace}/{name}")
+
+
+space_http_route = starlette_routing.Route("/spaces/{namespace}/{name}/{path:path}", space_proxy, methods=METHODS)

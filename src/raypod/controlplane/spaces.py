@@ -1,0 +1,147 @@
+"""Workspace verbs: create, list, get, stop, start, move, delete. A workspace lives in its cluster's spec
+(``ClusterSpec.spaces``); the reconcile loop runs its node like any other, and the backend its IDE."""
+
+from __future__ import annotations
+
+import builtins
+import shutil
+from pathlib import Path
+
+from raypod import errors, state
+from raypod import spec as spec_mod
+from raypod.capabilities.spaces import ide
+from raypod.controlplane import capacity, identity, service
+
+Verb = identity.Verb
+
+
+class SpaceService:
+    def __init__(self, clusters: service.ClusterService, home: Path) -> None:
+        self.clusters = clusters
+        self.home = home
+
+    def create(
+        self, caller: identity.Principal, namespace: str, cluster: str, space: spec_mod.SpaceSpec
+    ) -> state.SpaceView:
+        """Raises NotFound (cluster), AlreadyExists (a workspace of that name in the namespace), InvalidSpec (the
+        IDE is not installed), Conflict (the cluster is being deleted), InsufficientCapacity."""
+        view = self.clusters.get(caller, namespace, cluster, Verb.OPERATE)
+        if view.deleting:
+            raise errors.Conflict(f"cluster '{cluster}' is being deleted")
+        found = self._find(namespace, space.name)
+        if found is not None:
+            raise errors.AlreadyExists(
+                f"workspace '{space.name}' already exists in namespace '{namespace}' (on cluster {found.spec.name})"
+            )
+        why = ide.missing(space.kind)
+        if why:
+            raise errors.InvalidSpec(f"cannot create workspace '{space.name}': {why}")
+        space = space.model_copy(
+            update={"owner": caller.user if space.owner is None or not caller.is_admin else space.owner}
+        )
+        self._update(view, [*view.spec.spaces, space], "SpaceCreated", f"workspace {space.name} ({space.kind.value})")
+        return self.get(caller, namespace, space.name)
+
+    def list(self, caller: identity.Principal, namespace: str | None = None) -> builtins.list[state.SpaceView]:
+        return [
+            _view(cluster, space)
+            for cluster in self.clusters.list(caller, namespace)
+            for space in cluster.spec.spaces
+            if may_open(caller, self.clusters.identities.namespace_team(cluster.spec.namespace), space.owner)
+        ]
+
+    def get(self, caller: identity.Principal, namespace: str, name: str) -> state.SpaceView:
+        cluster, space = self._owned(caller, namespace, name, Verb.VIEW)
+        return _view(cluster, space)
+
+    def set_running(self, caller: identity.Principal, namespace: str, name: str, running: bool) -> state.SpaceView:
+        """Stop (its node goes, its files stay) or start a workspace."""
+        cluster, space = self._owned(caller, namespace, name, Verb.OPERATE)
+        if space.running != running:
+            spaces = [s.model_copy(update={"running": running}) if s.name == name else s for s in cluster.spec.spaces]
+            reason = "SpaceStarted" if running else "SpaceStopped"
+            self._update(cluster, spaces, reason, f"workspace {name}")
+        return self.get(caller, namespace, name)
+
+    def move(self, caller: identity.Principal, namespace: str, name: str, target: str) -> state.SpaceView:
+        """To another cluster of the namespace; its files go with it (they are not the cluster's)."""
+        cluster, space = self._owned(caller, namespace, name, Verb.OPERATE)
+        if target == cluster.spec.name:
+            return _view(cluster, space)
+        destination = self.clusters.get(caller, namespace, target, Verb.OPERATE)
+        if destination.deleting:
+            raise errors.Conflict(f"cluster '{target}' is being deleted")
+        self._update(
+            destination, [*destination.spec.spaces, space], "SpaceMoved", f"workspace {name} from {cluster.spec.name}"
+        )
+        self._update(
+            cluster, [s for s in cluster.spec.spaces if s.name != name], "SpaceMoved", f"workspace {name} to {target}"
+        )
+        return self.get(caller, namespace, name)
+
+    def delete(self, caller: identity.Principal, namespace: str, name: str, keep_files: bool = True) -> state.SpaceView:
+        cluster, space = self._owned(caller, namespace, name, Verb.OPERATE)
+        self._update(cluster, [s for s in cluster.spec.spaces if s.name != name], "SpaceDeleted", f"workspace {name}")
+        if not keep_files:
+            shutil.rmtree(ide.files_dir(self.home, namespace, name).parent, ignore_errors=True)
+        return _view(cluster, space).model_copy(update={"state": "Deleted"})
+
+    # -- internals ---------------------------------------------------------------------------------------
+
+    def _find(self, namespace: str, name: str) -> state.ClusterView | None:
+        return next((view for view in self.clusters.store.list(namespace) if view.spec.space(name)), None)
+
+    def _owned(
+        self, caller: identity.Principal, namespace: str, name: str, verb: Verb
+    ) -> tuple[state.ClusterView, spec_mod.SpaceSpec]:
+        """A workspace the caller may see (others answer NotFound, as an absent one), and use with ``verb``."""
+        self.clusters.authorize(caller, Verb.VIEW, namespace)
+        cluster = self._find(namespace, name)
+        space = cluster.spec.space(name) if cluster else None
+        team = self.clusters.identities.namespace_team(namespace)
+        if cluster is None or space is None or not may_open(caller, team, space.owner):
+            raise errors.NotFound(f"workspace '{name}' not found in namespace '{namespace}'")
+        if verb is not Verb.VIEW:
+            self.clusters.authorize(caller, verb, namespace, space.owner)
+        return cluster, space
+
+    def _update(
+        self, view: state.ClusterView, spaces: builtins.list[spec_mod.SpaceSpec], reason: str, message: str
+    ) -> None:
+        spec = spec_mod.parse_spec(
+            {**view.spec.model_dump(mode="json"), "spaces": [s.model_dump(mode="json") for s in spaces]}
+        )
+        if len(spec.desired_nodes()) > len(view.spec.desired_nodes()):
+            others = [v.spec for v in self.clusters.store.list() if v.uid != view.uid]
+            capacity.check_capacity(spec, others, self.clusters.backend.capacity())
+        self.clusters.store.update_spec(view.uid, spec)
+        self.clusters.store.record(view, state.EventType.NORMAL, reason, message)
+        self.clusters.wake()
+
+
+def may_open(caller: identity.Principal, team: str | None, owner: str | None) -> bool:
+    """A workspace runs its user's code with their files: its owner and admins may see it, no one else."""
+    if caller.is_admin or (owner is not None and owner == caller.user):
+        return True
+    return team is not None and caller.teams.get(team) is state.Role.ADMIN
+
+
+def _view(cluster: state.ClusterView, space: spec_mod.SpaceSpec) -> state.SpaceView:
+    node = space.node_name()
+    url = f"/spaces/{cluster.spec.namespace}/{space.name}/"
+    base = dict(
+        name=space.name,
+        namespace=cluster.spec.namespace,
+        cluster=cluster.spec.name,
+        kind=space.kind.value,
+        owner=space.owner,
+        url=url,
+        node=node,
+    )
+    if not space.running:
+        return state.SpaceView(**base, state="Stopped", message="stopped: its files are kept")
+    if cluster.status.endpoints.get(f"space/{space.name}"):
+        return state.SpaceView(**base, state="Ready")
+    observed = next((n for n in cluster.status.nodes if n.name == node), None)
+    message = f"node {node} is {observed.phase.value}" if observed else f"node {node} is not started yet"
+    return state.SpaceView(**base, state="Starting", message=message)

@@ -1,0 +1,224 @@
+"""Workspaces end to end: a real JupyterLab on a zero-compute node of a real two-node cluster, reached through
+raypod's gateway. A kernel, driven over Jupyter's own REST and websocket API through the gateway, runs
+``ray.init(address="auto")`` and fans tasks out: they run on the worker, never on the workspace's node, which
+advertises no CPU. Scaling from the notebook adds a node its next cell uses. Strangers are refused at the
+gateway; a file written in the notebook survives a stop and a start."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import ssl
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import websockets.sync.client
+
+from raypod import errors, state
+from raypod.client._http import tls_verify
+from tests.e2e.conftest import RaypodServer, module_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+pytest.importorskip("jupyterlab")
+
+SPACE = "nb"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaypodServer]:
+    with module_server(tmp_path_factory, "raypod-spaces") as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def cluster(server: RaypodServer) -> state.ClusterView:
+    with server.client() as api:
+        api.clusters.create(
+            {
+                "name": "lab",
+                "head": {"cpus": 0, "memory": "1Gi"},  # no CPU on the head either: tasks can only go to workers
+                "worker_groups": [{"name": "w", "replicas": 1, "min_replicas": 0, "max_replicas": 2, "cpus": 1}],
+            }
+        )
+        return api.clusters.wait_ready("lab", timeout=180)
+
+
+@pytest.fixture(scope="module")
+def space(server: RaypodServer, cluster: state.ClusterView) -> state.SpaceView:
+    with server.client() as api:
+        created = api.spaces.create(SPACE, "lab")
+        assert created.node == "space-nb" and created.url == "/spaces/default/nb/"
+        return api.spaces.wait_ready(SPACE, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def http(server: RaypodServer) -> Iterator[httpx.Client]:
+    with httpx.Client(
+        base_url=server.url,
+        verify=tls_verify(server.ca_file),
+        headers={"Authorization": f"Bearer {server.admin_token}"},
+        timeout=60,
+    ) as client:
+        yield client
+
+
+class Kernel:
+    """A Jupyter kernel driven over its websocket through raypod's gateway, as JupyterLab's frontend does."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+
+    def run(self, code: str, timeout: float = 180) -> str:
+        """The cell's stdout; fails the test on an error in the cell."""
+        msg_id = uuid.uuid4().hex
+        self.ws.send(
+            json.dumps(
+                {
+                    "header": {
+                        "msg_id": msg_id,
+                        "msg_type": "execute_request",
+                        "username": "t",
+                        "session": "s",
+                        "version": "5.3",
+                    },
+                    "parent_header": {},
+                    "metadata": {},
+                    "content": {
+                        "code": code,
+                        "silent": False,
+                        "store_history": True,
+                        "user_expressions": {},
+                        "allow_stdin": False,
+                        "stop_on_error": True,
+                    },
+                    "channel": "shell",
+                }
+            )
+        )
+        out = []
+        while True:
+            message = json.loads(self.ws.recv(timeout=timeout))
+            if message.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind, content = message["msg_type"], message["content"]
+            if kind == "stream":
+                out.append(content["text"])
+            elif kind == "error":
+                raise AssertionError("cell failed: " + "\n".join(content["traceback"])[-3000:])
+            elif kind == "status" and content["execution_state"] == "idle":
+                return "".join(out)
+
+
+@contextlib.contextmanager
+def kernel(server: RaypodServer, http: httpx.Client) -> Iterator[Kernel]:
+    created = http.post(f"/spaces/default/{SPACE}/api/kernels", json={"name": "python3"})
+    assert created.status_code == 201, created.text
+    url = f"wss://127.0.0.1:{server.port}/spaces/default/{SPACE}/api/kernels/{created.json()['id']}/channels"
+    with websockets.sync.client.connect(
+        url,
+        ssl=ssl.create_default_context(cafile=server.ca_file),
+        additional_headers={"Authorization": f"Bearer {server.admin_token}"},
+        max_size=None,
+    ) as ws:
+        yield Kernel(ws)
+
+
+def test_a_notebook_is_a_driver_of_the_cluster_and_its_node_computes_nothing(
+    server: RaypodServer, space: state.SpaceView, http: httpx.Client
+) -> None:
+    with kernel(server, http) as notebook:
+        output = notebook.run(
+            "import json, ray\n"
+            "ray.init(address='auto')\n"
+            "me = ray.get_runtime_context().get_node_id()\n"
+            "nodes = {n['NodeID']: n for n in ray.nodes() if n['Alive']}\n"
+            "@ray.remote\n"
+            "def where():\n"
+            "    return ray.get_runtime_context().get_node_id()\n"
+            "ran = set(ray.get([where.remote() for _ in range(8)]))\n"
+            "print(json.dumps({'me_labels': nodes[me]['Labels'], 'me_cpus': nodes[me]['Resources'].get('CPU', 0),\n"
+            "  'ran_on': [nodes[n]['Labels'].get('ray.io/node-group') for n in ran]}))\n"
+        )
+        found = json.loads(output.strip().splitlines()[-1])
+        assert found["me_labels"].get("raypod.io/space") == SPACE, "the kernel's driver is on the workspace's node"
+        assert found["me_cpus"] == 0
+        assert found["ran_on"] == ["w"], "tasks ran on the worker only"
+
+        # Scaling from the notebook: the SDK with the user's token, while the kernel keeps its state.
+        grown = notebook.run(
+            "import raypod, time\n"
+            f"c = raypod.Client(token='{server.admin_token}')  # the server and its CA come with the workspace\n"
+            "c.clusters.scale('lab', 'w', 2)\n"
+            "deadline = time.time() + 180\n"
+            "while sum(1 for n in ray.nodes() if n['Alive'] and n['Labels'].get('ray.io/node-group') == 'w') < 2:\n"
+            "    assert time.time() < deadline, 'no second worker'\n"
+            "    time.sleep(0.5)\n"
+            "@ray.remote(num_cpus=1)\n"
+            "def hold():\n"
+            "    time.sleep(2)\n"
+            "    return ray.get_runtime_context().get_node_id()\n"
+            "used = set(ray.get([hold.remote() for _ in range(2)]))\n"
+            "print(len(used), me == ray.get_runtime_context().get_node_id())\n"
+        )
+        assert grown.split()[-2:] == ["2", "True"], grown
+
+
+def test_strangers_and_missing_credentials_are_refused_at_the_gateway(
+    server: RaypodServer, space: state.SpaceView, http: httpx.Client
+) -> None:
+    assert http.get(f"/spaces/default/{SPACE}/api/status").status_code == 200
+    with httpx.Client(base_url=server.url, verify=tls_verify(server.ca_file)) as anonymous:
+        assert anonymous.get(f"/spaces/default/{SPACE}/api/status").status_code == 401
+        with server.client() as api:
+            api.users.create("mallory", team="default")
+            token = api.tokens.create("t", user="mallory").token
+        stranger = anonymous.get(f"/spaces/default/{SPACE}/api/status", headers={"Authorization": f"Bearer {token}"})
+        missing = anonymous.get("/spaces/default/nope/api/status", headers={"Authorization": f"Bearer {token}"})
+        assert stranger.status_code == missing.status_code == 404, "a team member who is not its owner sees nothing"
+        forged = anonymous.get(f"/spaces/default/{SPACE}/api/status", headers={"Authorization": "token guess"})
+        assert forged.status_code == 401, "the IDE's own token scheme is not a way in"
+        refused = (websockets.exceptions.InvalidStatus, websockets.exceptions.ConnectionClosed)
+        with (
+            pytest.raises(refused),
+            websockets.sync.client.connect(
+                f"wss://127.0.0.1:{server.port}/spaces/default/{SPACE}/api/events/subscribe",
+                ssl=ssl.create_default_context(cafile=server.ca_file),
+                additional_headers={"Authorization": f"Bearer {token}"},
+            ) as ws,
+        ):
+            ws.recv(timeout=10)
+
+
+def test_files_survive_a_stop_and_a_start(server: RaypodServer, space: state.SpaceView, http: httpx.Client) -> None:
+    body = {"type": "file", "format": "text", "content": "kept across restarts"}
+    assert http.put(f"/spaces/default/{SPACE}/api/contents/notes.txt", json=body).status_code in (200, 201)
+    with server.client() as api:
+        assert api.spaces.stop(SPACE).state == "Stopped"
+        gone = http.get(f"/spaces/default/{SPACE}/api/status")
+        assert gone.status_code == 409 and "stopped" in gone.json()["message"]
+        api.spaces.start(SPACE)
+        api.spaces.wait_ready(SPACE, timeout=240)
+    read = http.get(f"/spaces/default/{SPACE}/api/contents/notes.txt")
+    assert read.status_code == 200 and read.json()["content"] == "kept across restarts"
+
+
+def test_bad_requests_get_clear_errors(
+    server: RaypodServer, space: state.SpaceView, cluster: state.ClusterView
+) -> None:
+    with server.client() as api:
+        with pytest.raises(errors.AlreadyExists, match="already exists"):
+            api.spaces.create(SPACE, "lab")
+        with pytest.raises(errors.NotFound):
+            api.spaces.create("other", "no-such-cluster")
+        with pytest.raises(errors.InvalidSpec, match="kind"):
+            api.spaces.create("other", "lab", kind="emacs")
+        if shutil.which("code-server") is None:
+            with pytest.raises(errors.InvalidSpec, match="npm install -g code-server"):
+                api.spaces.create("editor", "lab", kind="code-editor")
+        with pytest.raises(errors.InvalidSpec, match="workspace name"):
+            api.spaces.create("Bad_Name", "lab")
+        assert [s.name for s in api.spaces.list()] == [SPACE]

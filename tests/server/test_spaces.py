@@ -1,0 +1,68 @@
+"""The workspace API in-process (fake backend: no Ray, no IDE): who may do what, the lifecycle in the cluster's
+spec, and the refusals. A real JupyterLab on a real cluster is tests/e2e/test_spaces.py's."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.server.conftest import make_user, wait_ready
+
+pytest.importorskip("jupyterlab")
+
+
+def spec_of(client: TestClient, headers: dict[str, str], namespace: str, name: str) -> dict[str, object]:
+    return client.get(f"/api/v1/namespaces/{namespace}/clusters/{name}", headers=headers).json()["spec"]
+
+
+def test_a_workspace_lives_in_its_clusters_spec_and_only_its_owner_and_admins_see_it(
+    client: TestClient, admin: dict[str, str]
+) -> None:
+    alice = make_user(client, admin, "alice", "ml")
+    bob = make_user(client, admin, "bob", "ml")
+    for name in ("one", "two"):
+        client.post("/api/v1/clusters", json={"name": name, "namespace": "ml"}, headers=alice).raise_for_status()
+        wait_ready(client, alice, "ml", name)
+    created = client.post("/api/v1/namespaces/ml/spaces", json={"name": "nb", "cluster": "one"}, headers=alice)
+    assert created.status_code == 201, created.text
+    assert created.json()["owner"] == "alice" and created.json()["url"] == "/spaces/ml/nb/"
+    assert [s["name"] for s in spec_of(client, alice, "ml", "one")["spaces"]] == ["nb"]  # type: ignore[union-attr]
+    nodes = client.get("/api/v1/namespaces/ml/clusters/one", headers=alice).json()["status"]["desired_nodes"]
+    assert nodes == 2, "the head and the workspace's node"
+
+    assert client.get("/api/v1/namespaces/ml/spaces/nb", headers=bob).status_code == 404, "bob is not its owner"
+    assert client.get("/api/v1/namespaces/ml/spaces", headers=bob).json() == []
+    assert client.post("/api/v1/namespaces/ml/spaces/nb/stop", headers=bob).status_code == 404
+    on_alices = client.post("/api/v1/namespaces/ml/spaces", json={"name": "b", "cluster": "one"}, headers=bob)
+    assert on_alices.status_code == 403, "a workspace runs code on the cluster: owner or team admin only"
+    assert [s["name"] for s in client.get("/api/v1/spaces", headers=admin).json()] == ["nb"]
+
+    assert client.post("/api/v1/namespaces/ml/spaces/nb/stop", headers=alice).json()["state"] == "Stopped"
+    assert spec_of(client, alice, "ml", "one")["spaces"][0]["running"] is False  # type: ignore[index]
+    assert client.post("/api/v1/namespaces/ml/spaces/nb/start", headers=alice).json()["state"] != "Stopped"
+    moved = client.post("/api/v1/namespaces/ml/spaces/nb/move", json={"cluster": "two"}, headers=alice)
+    assert moved.status_code == 200 and moved.json()["cluster"] == "two"
+    assert spec_of(client, alice, "ml", "one")["spaces"] == []
+    deleted = client.delete("/api/v1/namespaces/ml/spaces/nb", headers=alice)
+    assert deleted.status_code == 200 and deleted.json()["state"] == "Deleted"
+    assert client.get("/api/v1/namespaces/ml/spaces/nb", headers=alice).status_code == 404
+
+
+def test_bad_workspaces_are_refused_with_the_field_named(client: TestClient, admin: dict[str, str]) -> None:
+    client.post("/api/v1/clusters", json={"name": "c"}, headers=admin).raise_for_status()
+    base = "/api/v1/namespaces/default/spaces"
+    cases = [
+        ({"name": "Bad_Name", "cluster": "c"}, 422, "workspace name"),
+        ({"name": "x", "cluster": "c", "kind": "emacs"}, 422, "kind"),
+        ({"name": "x", "cluster": "c", "memory": "lots"}, 422, "memory"),
+        ({"name": "x", "cluster": "nope"}, 404, "nope"),
+        ({"name": "x", "cluster": "c", "unknown": 1}, 422, "unknown"),
+    ]
+    for body, status, text in cases:
+        answer = client.post(base, json=body, headers=admin)
+        assert answer.status_code == status and text in answer.text, (body, answer.text)
+    assert client.post(base, json={"name": "x", "cluster": "c"}, headers=admin).status_code == 201
+    again = client.post(base, json={"name": "x", "cluster": "c"}, headers=admin)
+    assert again.status_code == 409 and "already exists" in again.json()["message"]
+    group = client.post("/api/v1/clusters", json={"name": "d", "worker_groups": [{"name": "space"}]}, headers=admin)
+    assert group.status_code == 422 and "reserved for workspaces" in group.json()["message"]
