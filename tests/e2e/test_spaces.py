@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import ssl
 import uuid
@@ -20,7 +21,7 @@ import websockets.sync.client
 
 from raypod import errors, state
 from raypod.client._http import tls_verify
-from tests.e2e.conftest import RaypodServer, module_server
+from tests.e2e.conftest import BROWSER_ARTIFACTS, BROWSER_MISSING, CHROMIUM, RaypodServer, log_in, module_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 pytest.importorskip("jupyterlab")
@@ -193,6 +194,25 @@ def test_strangers_and_missing_credentials_are_refused_at_the_gateway(
             ws.recv(timeout=10)
 
 
+def test_the_ides_token_stays_on_the_server(server: RaypodServer, space: state.SpaceView, http: httpx.Client) -> None:
+    token_files = list(server.home.rglob("space-nb.token"))
+    assert len(token_files) == 1 and token_files[0].stat().st_mode & 0o777 == 0o600
+    token = token_files[0].read_text().strip()
+    page = http.get(f"/spaces/default/{SPACE}/lab")
+    assert page.status_code == 200 and "JupyterLab" in page.text
+    assert token not in page.text, "JupyterLab's page configuration must not carry the IDE's token"
+    with kernel(server, http) as notebook:
+        seen = notebook.run("import os; print(sorted(k for k in os.environ if 'TOKEN' in k and 'SPACE' in k))")
+    assert seen.strip() == "[]", "the kernels (the user's code) do not inherit the IDE's token"
+    direct = httpx.get(f"{space_endpoint(server)}/spaces/default/{SPACE}/api/status", timeout=5)
+    assert direct.status_code == 403 or direct.status_code == 401, "the IDE's port refuses anyone but the gateway"
+
+
+def space_endpoint(server: RaypodServer) -> str:
+    with server.client() as api:
+        return api.clusters.get("lab").status.endpoints[f"space/{SPACE}"]
+
+
 def test_files_survive_a_stop_and_a_start(server: RaypodServer, space: state.SpaceView, http: httpx.Client) -> None:
     body = {"type": "file", "format": "text", "content": "kept across restarts"}
     assert http.put(f"/spaces/default/{SPACE}/api/contents/notes.txt", json=body).status_code in (200, 201)
@@ -221,4 +241,60 @@ def test_bad_requests_get_clear_errors(
                 api.spaces.create("editor", "lab", kind="code-editor")
         with pytest.raises(errors.InvalidSpec, match="workspace name"):
             api.spaces.create("Bad_Name", "lab")
+        assert [s.name for s in api.spaces.list()] == [SPACE]
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(BROWSER_MISSING, reason=f"{CHROMIUM} is not installed (apt-get install chromium)")
+def test_the_console_creates_and_opens_a_workspace_and_jupyterlab_loads(
+    server: RaypodServer, space: state.SpaceView, page: Any
+) -> None:
+    expect = pytest.importorskip("playwright.sync_api").expect
+    log_in(page, server, "/namespaces/default/clusters/lab")
+    page.get_by_label("Workspace name").fill("Bad_Name")
+    page.get_by_role("button", name="Create workspace").click()
+    expect(page.locator("#space-message")).to_contain_text("workspace name 'Bad_Name'")
+    page.get_by_label("Workspace name").fill("second")
+    page.get_by_role("button", name="Create workspace").click()
+    expect(page.locator("#space-message")).to_contain_text("Starting workspace second")
+    second = page.locator('tr[data-space="second"]')
+    expect(second.get_by_test_id("space-state")).to_have_text("Ready", timeout=240_000)
+
+    row = page.locator(f'tr[data-space="{SPACE}"]')
+    expect(row.get_by_test_id("space-state")).to_have_text("Ready")
+    refused: list[str] = []
+    page.context.on(
+        "response", lambda r: refused.append(f"{r.request.method} {r.url} {r.status}") if r.status >= 400 else None
+    )
+    page.context.on(
+        "console", lambda m: refused.append(f"console {m.type}: {m.text[:300]}") if m.type == "error" else None
+    )
+    page.context.on("weberror", lambda e: refused.append(f"page error: {e.error}"))
+    with page.context.expect_page() as opened:
+        row.get_by_test_id("open-space").click()
+    lab = opened.value
+    lab.wait_for_load_state()
+    expect(lab).to_have_url(re.compile(rf"^{re.escape(server.url)}/spaces/default/{SPACE}/lab"))
+    expect(lab).to_have_title(re.compile("JupyterLab"), timeout=60_000)
+    BROWSER_ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    try:
+        expect(lab.locator(".jp-LauncherCard").first).to_be_visible(timeout=60_000)  # the app ran, not its shell
+    except AssertionError:
+        raise AssertionError(refused) from None
+    finally:
+        lab.screenshot(path=BROWSER_ARTIFACTS / "space-jupyterlab.png")
+    assert not [r for r in refused if "/spaces/" in r], refused
+
+    # The session cookie is not a key for other sites: a cross-site change is refused before the IDE sees it.
+    cookie = next(c["value"] for c in page.context.cookies() if c["name"] == "raypod_session")
+    with httpx.Client(
+        base_url=server.url, verify=tls_verify(server.ca_file), cookies={"raypod_session": cookie}
+    ) as browser_like:
+        for headers in ({"Sec-Fetch-Site": "cross-site"}, {}, {"Origin": "https://evil.example"}):
+            forged = browser_like.post(
+                f"/spaces/default/{SPACE}/api/kernels", json={"name": "python3"}, headers=headers
+            )
+            assert forged.status_code == 403, (headers, forged.text)
+    with server.client() as api:
+        api.spaces.delete("second")
         assert [s.name for s in api.spaces.list()] == [SPACE]

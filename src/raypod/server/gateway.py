@@ -517,7 +517,10 @@ async def space_proxy(request: Request) -> Response:
     """Forward a request to a workspace's IDE, which serves under the same path (its base URL)."""
     params = request.path_params
     namespace, name = params["namespace"], params["name"]
-    principal = await _principal(request)
+    if bearer := auth.bearer_token(request.headers.get("authorization")):
+        principal = request.app.state.identities.cached_principal(bearer) or await _principal(request)
+    else:
+        principal = await run_in_threadpool(auth.authenticate_same_origin_browser, request)
     route = await _resolve_space(request.app.state, principal, namespace, name)
     length = _framing(request)
     url = f"{route.ide}{request.url.path}" + (f"?{request.url.query}" if request.url.query else "")

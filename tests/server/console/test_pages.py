@@ -77,7 +77,7 @@ def test_cluster_page_shows_nodes_snippets_manifest_and_escapes_user_text(
     assert manifest and yaml.safe_load(html.unescape(manifest.group(1)))["kind"] == "RayCluster"
     assert "CreatedHead" in page.text
     regions = client.get("/namespaces/default/clusters/demo?regions=1", headers=admin).json()
-    assert set(regions) == {"summary", "nodes", "events", "jobs", "deployments"}
+    assert set(regions) == {"summary", "nodes", "events", "jobs", "deployments", "spaces"}
     assert "3 / 3" in regions["summary"]
 
 

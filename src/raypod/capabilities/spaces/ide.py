@@ -11,8 +11,8 @@ from pathlib import Path
 from raypod.spec import SpaceKind
 
 # The IDE's own token reaches it in the environment, never on its command line (which every user of the host
-# can read in the process list).
-TOKEN_VARIABLE = {SpaceKind.JUPYTERLAB: "JUPYTER_TOKEN", SpaceKind.CODE_EDITOR: "PASSWORD"}
+# can read in the process list); JupyterLab's is read by jupyter_identity.
+TOKEN_VARIABLE = {SpaceKind.JUPYTERLAB: "RAYPOD_SPACE_TOKEN", SpaceKind.CODE_EDITOR: "PASSWORD"}
 
 
 def missing(kind: SpaceKind) -> str | None:
@@ -45,6 +45,7 @@ def command(kind: SpaceKind, port: int, base_path: str, root: Path) -> list[str]
             f"--ServerApp.base_url={base_path}",
             f"--ServerApp.root_dir={root}",
             # The gateway is the only client: it authenticates users and presents the IDE's token itself.
+            "--ServerApp.identity_provider_class=raypod.capabilities.spaces.jupyter_identity.GatewayIdentityProvider",
             "--ServerApp.allow_remote_access=False",
             "--ServerApp.open_browser=False",
             "--LabApp.news_url=",

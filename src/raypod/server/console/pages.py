@@ -26,6 +26,7 @@ from raypod.server.console import views
 from raypod.server.routes.clusters import NamePath
 from raypod.server.routes.jobs import JobIdPath
 from raypod.server.routes.serving import serving_service
+from raypod.server.routes.spaces import space_service
 
 STATIC_DIR = Path(__file__).parent / "static"
 TEMPLATES = jinja2.Environment(
@@ -191,12 +192,14 @@ def cluster_page(request: Request, namespace: NamePath, name: NamePath) -> Respo
     events = _clusters(request).events(principal, namespace, name, EVENTS_SHOWN)
     cluster_jobs = _jobs(request).list(principal, namespace, name)
     deployments = serving_service(request).list(principal, namespace, name)
+    spaces = [space for space in space_service(request).list(principal, namespace) if space.cluster == name]
     return _render(
         request,
         principal,
         "cluster.html",
-        ("summary", "nodes", "events", "jobs", "deployments"),
+        ("summary", "nodes", "events", "jobs", "deployments", "spaces"),
         view=view,
+        spaces=spaces,
         deployments=deployments,
         models=[entry.id for entry in serving_service(request).models.list()],
         nodes=views.node_rows(view),

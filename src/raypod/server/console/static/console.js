@@ -454,6 +454,40 @@ function initDeployments() {
   });
 }
 
+function initSpaces() {
+  if (document.body.dataset.page !== "cluster") return;
+  const message = document.getElementById("space-message");
+  const namespace = clusterPath().split("/")[4];
+  const cluster = clusterPath().split("/")[6];
+  const say = (ok, text) => {
+    message.className = ok ? "muted" : "error";
+    message.textContent = text;
+  };
+  const form = document.getElementById("space-form");
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const body = { name: form.name.value.trim(), kind: form.kind.value, cluster };
+    const result = await api("POST", `/api/v1/namespaces/${namespace}/spaces`, body);
+    if (!result.ok) {
+      form.name.setAttribute("aria-invalid", "true");
+      return say(false, "Workspace refused: " + ((result.data && result.data.message) || result.status));
+    }
+    form.name.removeAttribute("aria-invalid");
+    say(true, `Starting workspace ${result.data.name}: it opens once its IDE answers.`);
+  });
+  document.querySelector('[data-region="spaces"]').addEventListener("click", async (event) => {
+    const button = event.target.closest('[data-action="space"]');
+    if (!button) return;
+    const { verb, name } = button.dataset;
+    if (verb === "delete" && !confirm(`Delete workspace ${name}? Its files are kept.`)) return;
+    button.disabled = true;
+    const base = `/api/v1/namespaces/${namespace}/spaces/${encodeURIComponent(name)}`;
+    const result = verb === "delete" ? await api("DELETE", base) : await api("POST", `${base}/${verb}`);
+    say(result.ok, result.ok ? `Workspace ${name}: ${verb} requested.` : `Refused: ${(result.data && result.data.message) || result.status}`);
+    if (!result.ok) button.disabled = false;
+  });
+}
+
 function initCopy() {
   document.querySelectorAll("[data-copy]").forEach((button) =>
     button.addEventListener("click", async () => {
@@ -684,6 +718,7 @@ document.addEventListener("DOMContentLoaded", () => {
   initNewCluster();
   initCluster();
   initDeployments();
+  initSpaces();
   initCopy();
   initNewJob();
   initJob();
