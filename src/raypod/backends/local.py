@@ -201,7 +201,8 @@ class LocalBackend:
         for record in records.values():
             if record.hangwatch_dir and _is_alive(record):
                 self._ensure_hangwatch_agent(cluster_id, record)
-            if record.space_kind and record.registered and _is_alive(record):
+            if record.space_kind and _is_alive(record):
+                # Beside the raylet's start, not after it: the IDE takes as long to listen as the raylet to join.
                 self._ensure_ide(cluster_id, cluster, record)
         memory = self._memory_of(cluster_id, processes)
         nodes = {name: _observe_node(record, table, cluster, memory.get(name)) for name, record in records.items()}

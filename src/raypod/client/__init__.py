@@ -338,7 +338,7 @@ class Spaces:
                 raise errors.TransientError(
                     f"workspace {name} still {space.state} after {timeout:.0f} s: {space.message}"
                 )
-            time.sleep(1.0)
+            time.sleep(0.25)
 
     def url(self, name: str, namespace: str = "default") -> str:
         """The workspace's IDE, on raypod's server (a browser logged in to the console opens it)."""
