@@ -425,11 +425,17 @@ class LocalBackend:
             return  # the node is starting or stopping: next pass
         if record.hangwatch_pid:
             log.warning("hangwatch agent of node %s exited; starting it again", record.name)
-        with open(Path(record.hangwatch_dir) / "agent.log", "ab") as output:
+        pid = self._start_sidecar(argv, environment, "/", Path(record.hangwatch_dir) / "agent.log")
+        record.hangwatch_pid, record.hangwatch_create_time = pid, _create_time(pid)
+        self._write_node(cluster_id, record)
+
+    def _start_sidecar(self, argv: list[str], environment: dict[str, str], cwd: str, log_path: Path) -> int:
+        """A process beside a node (its hangwatch agent, its IDE), in a session of its own; its pid."""
+        with open(log_path, "ab") as output:
             child = subprocess.Popen(
                 argv,
                 env=environment,
-                cwd="/",
+                cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=subprocess.STDOUT,
@@ -437,8 +443,7 @@ class LocalBackend:
                 close_fds=True,
             )
         self._children[child.pid] = child
-        record.hangwatch_pid, record.hangwatch_create_time = child.pid, _create_time(child.pid)
-        self._write_node(cluster_id, record)
+        return child.pid
 
     def _ensure_ide(self, cluster_id: str, cluster: _ClusterRecord, record: _NodeRecord) -> None:
         """Start the workspace's IDE beside its node's raylet, or again when it died (its files stay): inside the
@@ -463,19 +468,9 @@ class LocalBackend:
             return  # the node is starting or stopping: next pass
         if record.ide_pid:
             log.warning("the IDE of workspace node %s exited; starting it again", record.name)
-        with open(self._cluster_dir(cluster_id) / "nodes" / f"{record.name}.ide.log", "ab") as output:
-            child = subprocess.Popen(
-                argv,
-                env=environment,
-                cwd=str(files),
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-            )
-        self._children[child.pid] = child
-        record.ide_pid, record.ide_create_time = child.pid, _create_time(child.pid)
+        log_path = self._cluster_dir(cluster_id) / "nodes" / f"{record.name}.ide.log"
+        pid = self._start_sidecar(argv, environment, str(files), log_path)
+        record.ide_pid, record.ide_create_time = pid, _create_time(pid)
         self._write_node(cluster_id, record)
 
     def _ide_answers(self, cluster_id: str, record: _NodeRecord) -> bool:

@@ -374,23 +374,38 @@ async def _relay(upstream: aiohttp.ClientResponse, event_stream: bool = False) -
 @router.websocket("/clusters/{namespace}/{name}/{path:path}")
 async def proxy_websocket(websocket: WebSocket, namespace: str, name: str, path: str) -> None:
     """Forward a websocket (``ray job logs --follow`` tails logs through one)."""
-    state = websocket.app.state
-    if not websocket.headers.get("authorization") and not _same_origin(websocket):
-        # Browsers send cookies on cross-site websocket handshakes; only the console's own pages may use them.
-        await websocket.close(code=4403, reason="cross-origin websocket refused")
+    principal = await _websocket_caller(websocket)
+    if principal is None:
         return
     try:
-        principal = await run_in_threadpool(
+        route = await _resolve(websocket.app.state, principal, namespace, name, identity.Verb.VIEW)
+    except errors.RaypodError as exc:
+        await _refuse(websocket, exc)
+        return
+    await _relay_websocket(websocket, f"{route.dashboard}/{path}", route.headers, "cluster dashboard")
+
+
+async def _websocket_caller(websocket: WebSocket) -> identity.Principal | None:
+    """Who opens a websocket, or None once it is closed (cross-origin with a cookie, or bad credentials)."""
+    if not websocket.headers.get("authorization") and not _same_origin(websocket):
+        # Browsers send cookies on cross-site websocket handshakes; only this server's own pages may use them.
+        await websocket.close(code=4403, reason="cross-origin websocket refused")
+        return None
+    try:
+        principal: identity.Principal = await run_in_threadpool(
             auth.authenticate_websocket,
-            state.identities,
+            websocket.app.state.identities,
             websocket.headers.get("authorization"),
             websocket.cookies.get(auth.SESSION_COOKIE),
         )
-        route = await _resolve(state, principal, namespace, name, identity.Verb.VIEW)
     except errors.RaypodError as exc:
-        await websocket.close(code=4401 if isinstance(exc, errors.Unauthenticated) else 4403, reason=exc.message[:120])
-        return
-    await _relay_websocket(websocket, f"{route.dashboard}/{path}", route.headers, "cluster dashboard")
+        await _refuse(websocket, exc)
+        return None
+    return principal
+
+
+async def _refuse(websocket: WebSocket, exc: errors.RaypodError) -> None:
+    await websocket.close(code=4401 if isinstance(exc, errors.Unauthenticated) else 4403, reason=exc.message[:120])
 
 
 async def _relay_websocket(websocket: WebSocket, upstream_url: str, headers: dict[str, str], what: str) -> None:
@@ -540,20 +555,13 @@ async def space_proxy(request: Request) -> Response:
 @router.websocket("/spaces/{namespace}/{name}/{path:path}")
 async def space_websocket(websocket: WebSocket, namespace: str, name: str, path: str) -> None:
     """A workspace's websockets: kernels, terminals."""
-    state = websocket.app.state
-    if not websocket.headers.get("authorization") and not _same_origin(websocket):
-        await websocket.close(code=4403, reason="cross-origin websocket refused")
+    principal = await _websocket_caller(websocket)
+    if principal is None:
         return
     try:
-        principal = await run_in_threadpool(
-            auth.authenticate_websocket,
-            state.identities,
-            websocket.headers.get("authorization"),
-            websocket.cookies.get(auth.SESSION_COOKIE),
-        )
-        route = await _resolve_space(state, principal, namespace, name)
+        route = await _resolve_space(websocket.app.state, principal, namespace, name)
     except errors.RaypodError as exc:
-        await websocket.close(code=4401 if isinstance(exc, errors.Unauthenticated) else 4403, reason=exc.message[:120])
+        await _refuse(websocket, exc)
         return
     assert route.ide is not None
     headers = {"Authorization": f"token {route.token}"}
