@@ -9,7 +9,7 @@ PYTHON="${PYTHON:-python3}"
 # The CPU build of torch (this machine's wheel) first, so Ray Train's TorchTrainer scripts run unchanged and
 # nothing asks for a CUDA one.
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
-.venv/bin/python -m pip install --quiet -e ".[serving]"
+.venv/bin/python -m pip install --quiet -e ".[serving,spaces]"
 export PATH="$PWD/.venv/bin:$PATH"
 
 raypod up --workers 2
@@ -24,4 +24,5 @@ echo "Where to look:"
 echo "  Ray dashboard:   $server/clusters/default/local/  (log in at $server/login with the token in ~/.raypod/credentials)"
 echo "  cluster events:  .venv/bin/raypod cluster events local"
 echo "  scale it:        .venv/bin/raypod cluster scale local 3"
+echo "  a notebook on it: .venv/bin/raypod space create nb -c local   (JupyterLab; ray.init(address='auto') inside)"
 echo "  stop it all:     .venv/bin/raypod down"
