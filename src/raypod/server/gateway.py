@@ -532,9 +532,9 @@ async def space_proxy(request: Request) -> Response:
     """Forward a request to a workspace's IDE, which serves under the same path (its base URL)."""
     params = request.path_params
     namespace, name = params["namespace"], params["name"]
-    if bearer := auth.bearer_token(request.headers.get("authorization")):
-        principal = request.app.state.identities.cached_principal(bearer) or await _principal(request)
-    else:
+    if auth.bearer_token(request.headers.get("authorization")) is not None:
+        principal = await _principal(request)
+    else:  # a browser session on the IDE's pages, whose scripts cannot send raypod's CSRF header
         principal = await run_in_threadpool(auth.authenticate_same_origin_browser, request)
     route = await _resolve_space(request.app.state, principal, namespace, name)
     length = _framing(request)
