@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from raypod import spec as spec_mod
 
@@ -99,6 +99,9 @@ class NodeStatus(BaseModel):
 
 
 class ClusterStatus(BaseModel):
+    # Frozen: the store hands the same parsed status to every reader of an unchanged row (a fleet's passes).
+    model_config = ConfigDict(frozen=True)
+
     phase: ClusterPhase = ClusterPhase.PENDING
     message: str = ""
     desired_nodes: int = 0

@@ -105,3 +105,33 @@ def test_a_failed_action_backs_the_cluster_off_then_recovers(db: store.Store) ->
     assert reasons(db).count("CreatedHead") == 0
     reconciler._failures.clear()
     assert settle(reconciler).status.phase is Phase.READY
+
+
+def test_a_changed_cluster_is_reconciled_before_the_rest_and_settled_ones_are_not_replanned(
+    db: store.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = fake.FakeBackend()
+    for name in ["a", "b", "c"]:
+        db.insert(spec_mod.parse_spec({"name": name, "worker_groups": [{"name": "cpu", "replicas": 1}]}))
+    reconciler = loop.Reconciler(db, backend)
+    for _ in range(4):
+        reconciler.reconcile_all()
+    planned: list[str] = []
+    real_plan = loop.plan.plan
+    monkeypatch.setattr(
+        loop.plan, "plan", lambda desired, *a, **k: planned.append(desired.name) or real_plan(desired, *a, **k)
+    )
+    reconciler.reconcile_all()
+    assert planned == [], "settled clusters with nothing new were planned again"
+
+    c = db.get("default", "c")
+    db.update_spec(c.uid, c.spec.with_replicas("cpu", 2))
+    reconciler.wake(c.uid)
+    reconciler.reconcile_all()
+    assert planned[0] == "c" and planned.count("c") == 1, planned
+    assert ("create", c.uid, "cpu-1") in backend.calls
+
+    backend.kill(c.uid, "cpu-0")  # an observation that changed: planned again without a wake
+    planned.clear()
+    reconciler.reconcile_all()
+    assert planned == ["c"]

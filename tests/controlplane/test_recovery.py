@@ -45,7 +45,8 @@ def settle(reconciler: loop.Reconciler, passes: int = 8) -> state.ClusterView:
     for _ in range(passes):
         reconciler.reconcile_all()
         # Health checks run in the background: let the ones started in this pass finish.
-        running = [c.running for c in list(reconciler.health._checks.values()) if c.running is not None]
+        checks = [c for per_cluster in list(reconciler.health._checks.values()) for c in list(per_cluster.values())]
+        running = [c.running for c in checks if c.running is not None]
         futures.wait(running, timeout=10)
     return reconciler.store.get("default", "demo")
 

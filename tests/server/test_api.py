@@ -184,3 +184,18 @@ def test_node_verbs_reach_the_loop_and_bad_ones_get_a_clear_4xx(api: TestClient,
     assert missing.status_code == 404 and "cpu-0, cpu-1" in missing.json()["message"]
     assert api.post(f"{PATH}/nodes/cpu-0/reboot").status_code in (400, 404, 422)
     assert api.post("/api/v1/namespaces/default/clusters/nope/nodes/head/replace").status_code == 404
+
+
+def test_the_cluster_list_pages_in_name_order_and_a_bad_continue_token_is_a_4xx(api: TestClient) -> None:
+    for name in ["e", "a", "d", "c", "b"]:
+        api.post("/api/v1/clusters", json={"name": name, "head": {"cpus": 1, "memory": "1Gi"}}).raise_for_status()
+    first = api.get("/api/v1/clusters", params={"limit": 2})
+    assert [c["spec"]["name"] for c in first.json()] == ["a", "b"]
+    assert first.headers["x-continue"] == "default/b"
+    second = api.get("/api/v1/clusters", params={"limit": 2, "continue": first.headers["x-continue"]})
+    last = api.get("/api/v1/clusters", params={"limit": 2, "continue": second.headers["x-continue"]})
+    assert [c["spec"]["name"] for c in second.json() + last.json()] == ["c", "d", "e"]
+    assert "x-continue" not in last.headers
+    assert [c["spec"]["name"] for c in api.get("/api/v1/clusters").json()] == ["a", "b", "c", "d", "e"]
+    for bad in ({"limit": 0}, {"limit": 5000}, {"continue": "no-slash"}, {"continue": "../x"}):
+        assert api.get("/api/v1/clusters", params=bad).status_code == 422, bad

@@ -20,7 +20,17 @@ def _fake(settings: config.Settings) -> base.Backend:
     return FakeBackend()
 
 
-FACTORIES: dict[str, Callable[[config.Settings], base.Backend]] = {"local": _local, "fake": _fake}
+def _kuberay(settings: config.Settings) -> base.Backend:
+    try:
+        from raypod.backends.kuberay.backend import KubeRayBackend
+    except ImportError:
+        raise errors.InvalidSpec(
+            "the kuberay backend needs the Kubernetes client: pip install 'raypod[kubernetes]'"
+        ) from None
+    return KubeRayBackend.from_environment()
+
+
+FACTORIES: dict[str, Callable[[config.Settings], base.Backend]] = {"local": _local, "fake": _fake, "kuberay": _kuberay}
 
 
 def create_backend(settings: config.Settings) -> base.Backend:

@@ -21,6 +21,11 @@ class Feature(StrEnum):
     GPUS = "gpus"
     DRAIN = "drain"
     GCS_FAULT_TOLERANCE = "gcs-fault-tolerance"
+    # The backend's own controller runs a cluster object's nodes (KubeRay): raypod applies the whole spec with
+    # ``apply`` each pass, and node actions only replace (delete) what the controller then recreates.
+    DECLARATIVE = "declarative"
+    NODE_COMMANDS = "node-commands"  # run_on_node works: user health checks
+    SPACES = "spaces"  # workspace nodes with their IDE
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,11 @@ class Backend(Protocol):
     tenancy: Tenancy
 
     def capacity(self) -> HostCapacity: ...
+
+    def apply(self, cluster_id: str, spec: spec_mod.ClusterSpec, *, deleting: bool) -> None:
+        """DECLARATIVE backends: make the cluster object match ``spec`` (or delete it); cheap when nothing changed.
+        Others do nothing here: the planner's node actions are the whole story."""
+        ...
 
     def observe(self, cluster_id: str) -> state.ObservedCluster: ...
 

@@ -23,7 +23,9 @@ class FakeBackend:
     def __init__(
         self,
         capacity: base.HostCapacity | None = None,
-        features: frozenset[base.Feature] = frozenset({base.Feature.DRAIN}),
+        features: frozenset[base.Feature] = frozenset(
+            {base.Feature.DRAIN, base.Feature.NODE_COMMANDS, base.Feature.SPACES}
+        ),
     ) -> None:
         self.features = features
         self.tenancy = base.Tenancy(isolated=False, summary="in-memory backend for tests: nothing runs")
@@ -46,6 +48,9 @@ class FakeBackend:
 
     def capacity(self) -> base.HostCapacity:
         return self._capacity
+
+    def apply(self, cluster_id: str, spec: spec_mod.ClusterSpec, *, deleting: bool) -> None:
+        """Nothing: not DECLARATIVE, nodes follow the planner's actions."""
 
     def observe(self, cluster_id: str) -> state.ObservedCluster:
         with self._lock:

@@ -141,7 +141,8 @@ class LocalBackend:
         self._http = httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
         gpus = _count_gpus()
         self.features = frozenset(
-            {base.Feature.DRAIN, base.Feature.GCS_FAULT_TOLERANCE} | ({base.Feature.GPUS} if gpus else set())
+            {base.Feature.DRAIN, base.Feature.GCS_FAULT_TOLERANCE, base.Feature.NODE_COMMANDS, base.Feature.SPACES}
+            | ({base.Feature.GPUS} if gpus else set())
         )
         self._gpus = gpus
         # Each cluster has its own Ray token. Ray's clients in this process read the token of the cluster they
@@ -182,6 +183,9 @@ class LocalBackend:
         )
 
     # -- observation ---------------------------------------------------------------------------------------
+
+    def apply(self, cluster_id: str, spec: spec_mod.ClusterSpec, *, deleting: bool) -> None:
+        """Nothing: not DECLARATIVE, nodes follow the planner's actions."""
 
     def observe(self, cluster_id: str) -> state.ObservedCluster:
         self._reap_children()

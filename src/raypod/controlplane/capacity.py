@@ -13,6 +13,12 @@ def check_features(spec: spec_mod.ClusterSpec, features: frozenset[base.Feature]
     """Raises InvalidSpec when the spec asks for something the backend cannot do."""
     if spec.gcs_fault_tolerance is not None and base.Feature.GCS_FAULT_TOLERANCE not in features:
         raise errors.InvalidSpec("this backend does not support GCS fault tolerance")
+    if spec.health_checks and base.Feature.NODE_COMMANDS not in features:
+        raise errors.InvalidSpec(
+            "health_checks: this backend cannot run commands on nodes yet (on Kubernetes, use the pods' probes)"
+        )
+    if spec.spaces and base.Feature.SPACES not in features:
+        raise errors.InvalidSpec("spaces: workspaces are not available on this backend yet (docs/kubernetes.md)")
 
 
 def check_capacity(

@@ -7,7 +7,7 @@ import threading
 import time
 from datetime import timedelta
 
-from raypod import actions, state
+from raypod import actions, errors, state
 from raypod import spec as spec_mod
 from raypod.backends import base
 from raypod.capabilities.nodehealth import model as health_model
@@ -19,6 +19,7 @@ from raypod.controlplane import execute, plan, status, store
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 60.0
+QUIET_RECHECK_S = 30.0
 CHANGING_INTERVAL_S = 0.25
 
 
@@ -43,6 +44,13 @@ class Reconciler:
         self.settings = settings
         self.gcs_unreachable_timeout_s = gcs_unreachable_timeout_s
         self._wake = threading.Event()
+        # Clusters whose spec changed (the API says which): reconciled before the rest of a pass, so a user's change
+        # is acted on in milliseconds however many clusters a pass sweeps.
+        self._changed: dict[str, None] = {}
+        self._changed_lock = threading.Lock()
+        # Clusters found settled (Ready, nothing to do): their generation and observation, and until when a pass
+        # that sees exactly the same may skip planning (a full pass still runs at least every QUIET_RECHECK_S).
+        self._quiet: dict[str, tuple[int, state.ObservedCluster, float]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failures: dict[str, tuple[int, float]] = {}
@@ -58,7 +66,11 @@ class Reconciler:
             self._thread.join(timeout=30)
         self.health.close()
 
-    def wake(self) -> None:
+    def wake(self, uid: str | None = None) -> None:
+        """Look again now; ``uid``: this cluster changed, reconcile it first."""
+        if uid is not None:
+            with self._changed_lock:
+                self._changed[uid] = None
         self._wake.set()
 
     def _run(self) -> None:
@@ -74,27 +86,65 @@ class Reconciler:
             self._wake.wait(self.interval_s if is_settled else min(self.interval_s, CHANGING_INTERVAL_S))
 
     def reconcile_all(self) -> bool:
-        """Reconcile every cluster once; return whether all of them are settled (ready, nothing to do)."""
-        is_settled = True
+        """Reconcile every cluster once, changed ones first and again whenever one changes during the pass; return
+        whether all of them are settled (ready, nothing to do)."""
+        done: set[str] = set()
+        is_settled = self._reconcile_changed(done)
         for view in self.store.list():
             if self._stop.is_set():
                 break
-            backoff = self._failures.get(view.uid)
-            if backoff and time.monotonic() < backoff[1]:
-                continue
-            try:
-                is_settled = self.reconcile(view) and is_settled
-            except Exception:
-                log.exception("reconciling %s/%s failed", view.spec.namespace, view.spec.name)
-                self._back_off(view.uid)
+            is_settled = self._reconcile_changed(done) and is_settled
+            if view.uid not in done:
+                is_settled = self._reconcile_one(view) and is_settled
+        return self._reconcile_changed(done) and is_settled
+
+    def _reconcile_changed(self, done: set[str]) -> bool:
+        with self._changed_lock:
+            changed, self._changed = list(self._changed), {}
+        is_settled = True
+        for uid in changed:
+            view = self.store.by_uid(uid)  # fresh: the change is newer than the pass's list
+            if view is not None:
+                done.add(uid)
+                self._quiet.pop(uid, None)  # a node request changes no generation: look at it in full
+                self._failures.pop(uid, None)  # a new spec deserves a try now, whatever failed before
+                is_settled = self._reconcile_one(view) and is_settled
         return is_settled
+
+    def _reconcile_one(self, view: state.ClusterView) -> bool:
+        backoff = self._failures.get(view.uid)
+        if backoff and time.monotonic() < backoff[1]:
+            return True
+        try:
+            return self.reconcile(view)
+        except Exception:
+            log.exception("reconciling %s/%s failed", view.spec.namespace, view.spec.name)
+            self._back_off(view.uid)
+            return True
 
     def reconcile(self, view: state.ClusterView) -> bool:
         """One pass for one cluster; return whether it is settled."""
+        if base.Feature.DECLARATIVE in self.backend.features:
+            try:
+                self.backend.apply(view.uid, view.spec, deleting=view.deleting)
+            except errors.RaypodError as exc:  # observed all the same: what cannot be seen shows as unknown
+                self._record(view, state.EventType.WARNING, "FailedToApply", exc.message[:2000], None)
+                self._back_off(view.uid)
         observed = self.backend.observe(view.uid)
         healths, transitions = self.health.assess(view, observed)
         for transition in transitions:
             self._record_health(view, transition)
+        quiet = self._quiet.get(view.uid)
+        if (
+            quiet is not None
+            and not transitions
+            and not view.deleting
+            and quiet[0] == view.generation
+            and quiet[1] == observed
+            and time.monotonic() < quiet[2]
+        ):
+            return True  # nothing changed since a pass found it settled: at fleet scale most clusters, most passes
+        self._quiet.pop(view.uid, None)
         recovery = self._recovery(view, observed, healths)
         planned = plan.plan(
             view.spec,
@@ -113,6 +163,7 @@ class Reconciler:
         if any(isinstance(o.action, actions.ReleaseCluster) and o.error is None for o in outcomes):
             self.store.remove(view.uid)
             self.health.forget(view.uid)
+            self._quiet.pop(view.uid, None)
             self._failures.pop(view.uid, None)
             return True
         if any(o.error is not None for o in outcomes):
@@ -137,7 +188,10 @@ class Reconciler:
         self._record_transitions(view, view.status, derived)
         if derived != view.status:
             self.store.save_status(view.uid, derived)
-        return not planned and derived.phase is state.ClusterPhase.READY
+        is_settled = not planned and derived.phase is state.ClusterPhase.READY
+        if is_settled:
+            self._quiet[view.uid] = (view.generation, observed, time.monotonic() + QUIET_RECHECK_S)
+        return is_settled
 
     def _recovery(
         self,

@@ -24,7 +24,7 @@ class ClusterService:
         db: store.Store,
         backend: base.Backend,
         identities: identity.IdentityService,
-        wake: Callable[[], None] = lambda: None,
+        wake: Callable[[str], None] = lambda uid: None,
     ) -> None:
         self.store = db
         self.backend = backend
@@ -45,16 +45,28 @@ class ClusterService:
         if spec.owner is None or not caller.is_admin:
             spec = spec.model_copy(update={"owner": caller.user})
         capacity.check_features(spec, self.backend.features)
-        others = [
-            view.spec
-            for view in self.store.list()
-            if (view.spec.namespace, view.spec.name) != (spec.namespace, spec.name)
-        ]
-        capacity.check_capacity(spec, others, self.backend.capacity())
+        self.check_capacity(spec)
         view = self.store.insert(spec)
         self.store.record(view, state.EventType.NORMAL, "Created", _summary(spec))
-        self.wake()
+        self.wake(view.uid)
         return view
+
+    def check_capacity(self, spec: spec_mod.ClusterSpec, *, excluding: str | None = None) -> None:
+        """Whether ``spec`` fits beside every other cluster (``excluding`` its own earlier version). Other clusters'
+        specs are read only when the backend limits memory: a fleet of thousands costs nothing on Kubernetes.
+
+        Raises:
+            InsufficientCapacity.
+        """
+        host = self.backend.capacity()
+        others: list[spec_mod.ClusterSpec] = []
+        if host.memory_bytes is not None or host.shared_memory_bytes is not None:
+            others = [
+                other
+                for other in self.store.specs(excluding=excluding)
+                if (other.namespace, other.name) != (spec.namespace, spec.name)
+            ]
+        capacity.check_capacity(spec, others, host)
 
     def get(self, caller: Principal, namespace: str, name: str, verb: Verb = Verb.VIEW) -> state.ClusterView:
         """Raises Forbidden before NotFound, so names in other teams' namespaces do not leak."""
@@ -64,13 +76,19 @@ class ClusterService:
             self.authorize(caller, verb, namespace, view.spec.owner)
         return view
 
-    def list(self, caller: Principal, namespace: str | None = None) -> list[state.ClusterView]:
-        """Clusters in the namespaces the caller may view."""
-        views = self.store.list(namespace)
-        if caller.is_admin:
-            return views
-        teams = {ns.name: ns.team for ns in self.identities.list_namespaces()}
-        return [v for v in views if teams.get(v.spec.namespace) in caller.teams]
+    def list(
+        self,
+        caller: Principal,
+        namespace: str | None = None,
+        *,
+        after: tuple[str, str] | None = None,
+        limit: int | None = None,
+    ) -> list[state.ClusterView]:
+        """Clusters in the namespaces the caller may view, by namespace and name; ``after``/``limit``: one page."""
+        visible = None
+        if not caller.is_admin:
+            visible = {ns.name for ns in self.identities.list_namespaces() if ns.team in caller.teams}
+        return self.store.list(namespace, namespaces=visible, after=after, limit=limit)
 
     def scale(self, caller: Principal, namespace: str, name: str, group: str, replicas: int) -> state.ClusterView:
         """Set one worker group's replicas; running nodes removed by a scale-down are drained first.
@@ -85,13 +103,12 @@ class ClusterService:
         before = view.spec.group(group).replicas
         scaled = view.spec.with_replicas(group, replicas)
         if replicas > before:
-            others = [v.spec for v in self.store.list() if v.uid != view.uid]
-            capacity.check_capacity(scaled, others, self.backend.capacity())
+            self.check_capacity(scaled, excluding=view.uid)
         self.store.update_spec(view.uid, scaled)
         self.store.record(
             view, state.EventType.NORMAL, "Scaled", f"worker group {group}: {before} -> {replicas} replicas"
         )
-        self.wake()
+        self.wake(view.uid)
         return self.store.get(namespace, name)
 
     def delete(self, caller: Principal, namespace: str, name: str) -> state.ClusterView:
@@ -104,7 +121,7 @@ class ClusterService:
         if not view.deleting:
             self.store.mark_deleting(view.uid)
             self.store.record(view, state.EventType.NORMAL, "DeletionRequested", "stopping all nodes")
-        self.wake()
+        self.wake(view.uid)
         return self.store.get(namespace, name)
 
     def node_action(self, caller: Principal, namespace: str, name: str, node: str, action: str) -> state.ClusterView:
@@ -132,7 +149,7 @@ class ClusterService:
         else:
             raise errors.InvalidSpec(f"unknown node action '{action}' (replace, cordon, uncordon)")
         self.store.record(view, state.EventType.NORMAL, reason, message, node)
-        self.wake()
+        self.wake(view.uid)
         return self.store.get(namespace, name)
 
     def events(self, caller: Principal, namespace: str, name: str, limit: int = 200) -> builtins.list[state.Event]:

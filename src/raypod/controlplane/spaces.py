@@ -111,12 +111,12 @@ class SpaceService:
         spec = spec_mod.parse_spec(
             {**view.spec.model_dump(mode="json"), "spaces": [s.model_dump(mode="json") for s in spaces]}
         )
+        capacity.check_features(spec, self.clusters.backend.features)
         if len(spec.desired_nodes()) > len(view.spec.desired_nodes()):
-            others = [v.spec for v in self.clusters.store.list() if v.uid != view.uid]
-            capacity.check_capacity(spec, others, self.clusters.backend.capacity())
+            self.clusters.check_capacity(spec, excluding=view.uid)
         self.clusters.store.update_spec(view.uid, spec)
         self.clusters.store.record(view, state.EventType.NORMAL, reason, message)
-        self.clusters.wake()
+        self.clusters.wake(view.uid)
 
 
 def may_open(caller: identity.Principal, team: str | None, owner: str | None) -> bool:
@@ -140,8 +140,12 @@ def _view(cluster: state.ClusterView, space: spec_mod.SpaceSpec) -> state.SpaceV
     )
     if not space.running:
         return state.SpaceView(**base, state="Stopped", message="stopped: its files are kept")
-    if cluster.status.endpoints.get(f"space/{space.name}"):
-        return state.SpaceView(**base, state="Ready")
     observed = next((n for n in cluster.status.nodes if n.name == node), None)
+    answers = bool(cluster.status.endpoints.get(f"space/{space.name}"))
+    # Ready means a notebook's first ray.init() connects at once: the IDE answers and its node is in the cluster.
+    if answers and observed is not None and observed.phase is state.NodePhase.RUNNING:
+        return state.SpaceView(**base, state="Ready")
     message = f"node {node} is {observed.phase.value}" if observed else f"node {node} is not started yet"
+    if answers:
+        message += "; the IDE answers"
     return state.SpaceView(**base, state="Starting", message=message)

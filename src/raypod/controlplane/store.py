@@ -6,8 +6,10 @@ The schema is owned by the Alembic migrations beside this file and upgraded when
 from __future__ import annotations
 
 import builtins
+import functools
 import json
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -119,12 +121,39 @@ class Store:
             raise errors.NotFound(f"cluster '{name}' not found in namespace '{namespace}' (clusters there: {known})")
         return _view(row)
 
-    def list(self, namespace: str | None = None) -> list[state.ClusterView]:
+    def by_uid(self, uid: str) -> state.ClusterView | None:
+        with self.engine.connect() as connection:
+            row = connection.execute(clusters.select().where(clusters.c.uid == uid)).first()
+        return None if row is None else _view(row)
+
+    def list(
+        self,
+        namespace: str | None = None,
+        *,
+        namespaces: Collection[str] | None = None,
+        after: tuple[str, str] | None = None,
+        limit: int | None = None,
+    ) -> list[state.ClusterView]:
+        """Clusters by namespace and name; ``namespaces`` restricts to those, ``after``/``limit`` give one page."""
         query = clusters.select().order_by(clusters.c.namespace, clusters.c.name)
         if namespace is not None:
             query = query.where(clusters.c.namespace == namespace)
+        if namespaces is not None:
+            query = query.where(clusters.c.namespace.in_(sorted(namespaces)))
+        if after is not None:
+            query = query.where(sa.tuple_(clusters.c.namespace, clusters.c.name) > sa.tuple_(*after))
+        if limit is not None:
+            query = query.limit(limit)
         with self.engine.connect() as connection:
             return [_view(row) for row in connection.execute(query)]
+
+    def specs(self, *, excluding: str | None = None) -> builtins.list[spec_mod.ClusterSpec]:
+        """Every cluster's spec (not its status: cheaper, for capacity checks)."""
+        query = sa.select(clusters.c.spec)
+        if excluding is not None:
+            query = query.where(clusters.c.uid != excluding)
+        with self.engine.connect() as connection:
+            return [_spec(row[0]) for row in connection.execute(query)]
 
     def update_spec(self, uid: str, spec: spec_mod.ClusterSpec) -> None:
         with self.engine.begin() as connection:
@@ -279,12 +308,23 @@ class Store:
         ]
 
 
+@functools.lru_cache(maxsize=16384)
+def _spec(text: str) -> spec_mod.ClusterSpec:
+    """Specs are frozen and change rarely: a fleet's reconcile passes and list calls parse each version once."""
+    return spec_mod.ClusterSpec.model_validate(json.loads(text))
+
+
+@functools.lru_cache(maxsize=16384)
+def _status(text: str) -> state.ClusterStatus:
+    return state.ClusterStatus.model_validate_json(text)
+
+
 def _view(row: sa.Row[tuple[object, ...]]) -> state.ClusterView:
     mapping = row._mapping
     return state.ClusterView(
         uid=mapping["uid"],
-        spec=spec_mod.ClusterSpec.model_validate(json.loads(mapping["spec"])),
-        status=state.ClusterStatus.model_validate_json(mapping["status"]),
+        spec=_spec(mapping["spec"]),
+        status=_status(mapping["status"]),
         generation=mapping["generation"],
         created_at=aware(mapping["created_at"]),
         deleting=bool(mapping["deleting"]),

@@ -60,8 +60,9 @@ class HealthMonitor:
         self._probes = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="raypod-probe")
         self._checks_pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="raypod-check")
         self._lock = threading.Lock()
-        self._health: dict[tuple[str, str], tuple[str, model.NodeHealth]] = {}
-        self._checks: dict[tuple[str, str, str], _Check] = {}
+        # By cluster, then node (and check): a pass over one cluster never walks another's entries.
+        self._health: dict[str, dict[str, tuple[str, model.NodeHealth]]] = {}
+        self._checks: dict[str, dict[tuple[str, str], _Check]] = {}
 
     def assess(
         self, view: state.ClusterView, observed: state.ObservedCluster
@@ -93,9 +94,8 @@ class HealthMonitor:
         for node in observed.nodes.values():
             if node.name not in wanted:
                 continue
-            key = (view.uid, node.name)
             with self._lock:
-                incarnation, previous = self._health.get(key, ("", model.UNASSESSED))
+                incarnation, previous = self._health.get(view.uid, {}).get(node.name, ("", model.UNASSESSED))
             if incarnation != node.incarnation:
                 previous = model.UNASSESSED
             if node.phase is state.NodePhase.UNKNOWN:
@@ -114,7 +114,7 @@ class HealthMonitor:
                 results.extend(self._user_checks(view, node))
                 current = model.assess(previous, results, recovery_threshold=policy.recovery_threshold)
             with self._lock:
-                self._health[key] = (node.incarnation, current)
+                self._health.setdefault(view.uid, {})[node.name] = (node.incarnation, current)
             healths[node.name] = current
             if _worth_an_event(previous.state, current.state):
                 transitions.append(Transition(node.name, current))
@@ -146,9 +146,9 @@ class HealthMonitor:
         found = []
         now = self.clock()
         for check in view.spec.health_checks:
-            key = (view.uid, node.name, check.name)
+            key = (node.name, check.name)
             with self._lock:
-                entry = self._checks.get(key)
+                entry = self._checks.get(view.uid, {}).get(key)
                 if entry is not None and entry.incarnation != node.incarnation:
                     entry = None
                 if entry is not None and entry.running is not None and entry.running.done():
@@ -167,15 +167,20 @@ class HealthMonitor:
                     running = self._checks_pool.submit(
                         self.backend.run_on_node, view.uid, node.name, check.command, check.timeout_s
                     )
-                    self._checks[key] = _Check(node.incarnation, now, running)
+                    self._checks.setdefault(view.uid, {})[key] = _Check(node.incarnation, now, running)
         return found
 
     def _forget_nodes(self, cluster_id: str, keep: set[str]) -> None:
         with self._lock:
-            for key in [k for k in self._health if k[0] == cluster_id and k[1] not in keep]:
-                del self._health[key]
-            for check_key in [k for k in self._checks if k[0] == cluster_id and k[1] not in keep]:
-                del self._checks[check_key]
+            health = self._health.get(cluster_id, {})
+            for node in [n for n in health if n not in keep]:
+                del health[node]
+            checks = self._checks.get(cluster_id, {})
+            for key in [k for k in checks if k[0] not in keep]:
+                del checks[key]
+            if not keep:
+                self._health.pop(cluster_id, None)
+                self._checks.pop(cluster_id, None)
 
 
 def _worth_an_event(before: state.NodeHealthState, after: state.NodeHealthState) -> bool:

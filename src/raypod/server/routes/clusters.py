@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from raypod import spec as spec_mod
@@ -33,9 +33,27 @@ def cluster_service(request: Request) -> service.ClusterService:
 Service = Annotated[service.ClusterService, Depends(cluster_service)]
 
 
+# A page's continue token: the last item's "namespace/name" (both DNS labels, so the slash is unambiguous).
+ContinueQuery = Annotated[
+    str | None, Query(alias="continue", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+]
+
+
 @router.get("/clusters")
-def list_clusters(caller: Caller, svc: Service, namespace: NamespaceQuery = None) -> list[state.ClusterView]:
-    return svc.list(caller, namespace)
+def list_clusters(
+    caller: Caller,
+    svc: Service,
+    response: Response,
+    namespace: NamespaceQuery = None,
+    limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
+    after: ContinueQuery = None,
+) -> list[state.ClusterView]:
+    """Every cluster the caller may see, or one page of ``limit`` of them: the response's ``X-Continue`` header,
+    when present, is the next page's ``continue``, as in Kubernetes' list API."""
+    page = svc.list(caller, namespace, after=tuple(after.split("/", 1)) if after else None, limit=limit)  # type: ignore[arg-type]
+    if limit is not None and len(page) == limit:
+        response.headers["X-Continue"] = f"{page[-1].spec.namespace}/{page[-1].spec.name}"
+    return page
 
 
 @router.post("/clusters", status_code=202)

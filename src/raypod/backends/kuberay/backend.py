@@ -1,0 +1,417 @@
+"""The Kubernetes backend: a raypod cluster is a KubeRay ``RayCluster`` in the Kubernetes namespace named as its raypod
+namespace, and KubeRay runs its pods.
+
+raypod applies the spec (``apply``), reads the RayCluster and its pods back through two watches (``Informer``),
+names pods as raypod names nodes (``head``, ``<group>-<i>`` by age), and replaces a node by deleting its pod, which
+KubeRay recreates. It never starts a pod itself: ``create_node`` is KubeRay's job once the RayCluster asks for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import threading
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes import config as kube_config
+from kubernetes.client.exceptions import ApiException
+
+from raypod import errors, state
+from raypod import spec as spec_mod
+from raypod.backends import base, ray_jobs
+from raypod.backends.commands import CommandResult
+from raypod.backends.kuberay import api_errors, manifests
+from raypod.backends.kuberay.informer import Informer, Key
+
+__all__ = ["Informer", "KubeRayBackend"]
+
+log = logging.getLogger(__name__)
+
+GROUP, VERSION, PLURAL = "ray.io", "v1", "rayclusters"
+UID_LABEL = "raypod.io/cluster-uid"
+SPEC_HASH_ANNOTATION = "raypod.io/spec-hash"
+MANAGED_SELECTOR = "app.kubernetes.io/managed-by=raypod"
+RAY_POD_SELECTOR = "ray.io/is-ray-node=yes"
+DASHBOARD_PORT, GCS_PORT, METRICS_PORT = 8265, 6379, 8080
+
+
+class KubeRayBackend:
+    """Backend protocol on the official Kubernetes client; see the module docstring."""
+
+    features = frozenset({base.Feature.DECLARATIVE, base.Feature.GCS_FAULT_TOLERANCE})
+    tenancy = base.Tenancy(
+        isolated=True,
+        summary="each raypod namespace is a Kubernetes namespace: pods, services and secrets are separated by "
+        "Kubernetes RBAC and, where the cluster enforces them, network policies",
+    )
+
+    def __init__(
+        self, api: client.ApiClient, *, in_cluster: bool = False, request_timeout_s: float = 10.0, watch: bool = True
+    ) -> None:
+        self._api = api
+        self._custom = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
+        self._in_cluster = in_cluster
+        self._timeout = request_timeout_s
+        self._lock = threading.Lock()
+        self._pods_by_cluster: dict[Key, dict[str, dict[str, Any]]] = {}
+        self._known: dict[str, Key] = {}  # cluster uid -> (namespace, name)
+        self._last: dict[str, state.ObservedCluster] = {}
+        self.clusters = Informer(
+            PLURAL,
+            functools.partial(
+                self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL, label_selector=MANAGED_SELECTOR
+            ),
+            request_timeout_s=request_timeout_s,
+        )
+        self.pods = Informer(
+            "pods",
+            functools.partial(self._core.list_pod_for_all_namespaces, label_selector=RAY_POD_SELECTOR),
+            request_timeout_s=request_timeout_s,
+            on_change=self._index_pod,
+        )
+        if watch:
+            self.clusters.start()
+            self.pods.start()
+
+    @classmethod
+    def from_environment(cls) -> KubeRayBackend:
+        """In a pod: its service account. Elsewhere: the kubeconfig (``KUBECONFIG`` or ``~/.kube/config``).
+
+        Raises:
+            PermanentError: neither is there.
+        """
+        in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+        configuration = client.Configuration()
+        try:
+            if in_cluster:
+                kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            else:
+                kube_config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except (kube_config.ConfigException, OSError) as exc:
+            raise errors.PermanentError(
+                f"no Kubernetes credentials: not in a pod and no usable kubeconfig ({exc}); set KUBECONFIG"
+            ) from None
+        return cls(client.ApiClient(configuration), in_cluster=in_cluster)
+
+    # -- the protocol --------------------------------------------------------------------------------------
+
+    def capacity(self) -> base.HostCapacity:
+        return base.HostCapacity(cpus_per_node=None, memory_bytes=None, shared_memory_bytes=None, gpus_per_node=None)
+
+    def apply(self, cluster_id: str, spec: spec_mod.ClusterSpec, *, deleting: bool) -> None:
+        """Make the RayCluster match ``spec`` (one write when it differs, none otherwise), or delete it.
+
+        Raises:
+            TransientError: the API server cannot be reached or the object changed under us (409): next pass.
+            PermanentError: RBAC forbids it, KubeRay's CRD is missing, a RayCluster of that name is not ours.
+        """
+        where = (spec.namespace, spec.name)
+        with self._lock:
+            self._known[cluster_id] = where
+        if not self.clusters.synced:
+            raise errors.TransientError(f"RayClusters are not visible yet: {self.clusters.error or 'listing'}")
+        current = self.clusters.get(*where)
+        if current is not None and current["metadata"].get("labels", {}).get(UID_LABEL) != cluster_id:
+            raise errors.PermanentError(
+                f"a RayCluster {spec.name} in namespace {spec.namespace} exists that this raypod cluster did not "
+                "create; delete it or choose another name"
+            )
+        if deleting:
+            if current is not None and not current["metadata"].get("deletionTimestamp"):
+                self._call(f"delete RayCluster {spec.namespace}/{spec.name}", self._delete_raycluster, *where)
+            return
+        desired = rendered(cluster_id, spec)
+        digest = desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+        if current is None:
+            self._call(
+                f"create RayCluster {spec.namespace}/{spec.name}",
+                self._custom.create_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                spec.namespace,
+                PLURAL,
+                desired,
+                _request_timeout=self._timeout,
+            )
+        elif current["metadata"].get("annotations", {}).get(SPEC_HASH_ANNOTATION) != digest:
+            patch = merge_patch({"spec": current.get("spec", {})}, {"spec": desired["spec"]})
+            patch["metadata"] = {
+                "labels": desired["metadata"]["labels"],
+                "annotations": desired["metadata"]["annotations"],
+                # The write fails with 409 if the object changed since we saw it: read again, next pass.
+                "resourceVersion": current["metadata"].get("resourceVersion"),
+            }
+            self._call(
+                f"update RayCluster {spec.namespace}/{spec.name}",
+                self._custom.patch_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                spec.namespace,
+                PLURAL,
+                spec.name,
+                patch,
+                _request_timeout=self._timeout,
+            )
+
+    def observe(self, cluster_id: str) -> state.ObservedCluster:
+        with self._lock:
+            where = self._known.get(cluster_id)
+        if where is None:
+            where = self._find(cluster_id)
+        if not (self.clusters.synced and self.pods.synced):
+            return self._unknown(cluster_id, self.clusters.error or self.pods.error or "the watches are starting")
+        if where is None:
+            return state.ObservedCluster()
+        raycluster = self.clusters.get(*where)
+        with self._lock:
+            pods = list(self._pods_by_cluster.get(where, {}).values())
+        nodes = observed_nodes(pods)
+        head = next((n for n in nodes.values() if n.is_head), None)
+        endpoints: dict[str, str] = {}
+        if raycluster is not None and head is not None and head.phase is state.NodePhase.RUNNING:
+            endpoints = self._endpoints(raycluster, where)
+        found = state.ObservedCluster(nodes=nodes, endpoints=endpoints)
+        with self._lock:
+            self._last[cluster_id] = found
+        return found
+
+    def create_node(self, cluster_id: str, node: spec_mod.NodeSpec) -> None:
+        """Nothing to do: the RayCluster (``apply``) asks KubeRay for every node the spec wants."""
+
+    def drain_node(self, cluster_id: str, name: str, ray_node_id: str, deadline: float, reason: str) -> None:
+        raise errors.PermanentError("draining is KubeRay's on Kubernetes (its autoscaler drains before scale-down)")
+
+    def delete_node(self, cluster_id: str, name: str, *, quarantine_s: float = 0.0) -> None:
+        """Delete the node's pod, so KubeRay starts a fresh one; while a group scales down KubeRay picks the pods
+        it removes, and raypod deletes none of its own."""
+        with self._lock:
+            where = self._known.get(cluster_id)
+            pods = list(self._pods_by_cluster.get(where, {}).values()) if where else []
+        pod = pods_by_node(pods).get(name)
+        if where is None or pod is None or pod["metadata"].get("deletionTimestamp"):
+            return
+        group = pod["metadata"].get("labels", {}).get("ray.io/group", "")
+        raycluster = self.clusters.get(*where)
+        if raycluster is not None and group and not _is_head(pod):
+            wanted = next(
+                (
+                    g.get("replicas", 0)
+                    for g in raycluster["spec"].get("workerGroupSpecs", [])
+                    if g["groupName"] == group
+                ),
+                0,
+            )
+            live = sum(
+                1
+                for p in pods
+                if p["metadata"].get("labels", {}).get("ray.io/group") == group
+                and not p["metadata"].get("deletionTimestamp")
+            )
+            if live > wanted:
+                return  # a scale-down: KubeRay removes the surplus pods itself
+        self._call(
+            f"delete pod {where[0]}/{pod['metadata']['name']}",
+            self._core.delete_namespaced_pod,
+            pod["metadata"]["name"],
+            where[0],
+            _request_timeout=self._timeout,
+        )
+
+    def run_on_node(self, cluster_id: str, name: str, command: str, timeout_s: float) -> CommandResult:
+        raise errors.PermanentError("commands on nodes (health checks) are not available on Kubernetes yet")
+
+    def hangwatch_dirs(self, cluster_id: str) -> dict[str, Path]:
+        return {}  # no hangwatch agent runs in KubeRay's pods yet (docs/kubernetes.md)
+
+    def space_token(self, cluster_id: str, node: str) -> str:
+        raise errors.NotFound("workspaces are not available on Kubernetes yet")
+
+    def hidden_from_nodes(self, cluster_id: str, path: str) -> str | None:
+        return "the cluster's pods do not see raypod's filesystem: put the model in object storage (s3://...)"
+
+    def kv_store(self, cluster_id: str, max_bytes: int) -> str:
+        raise errors.InvalidSpec("raypod runs no Redis on Kubernetes: give the KV cache an L2 address")
+
+    def release(self, cluster_id: str) -> None:
+        with self._lock:
+            where = self._known.pop(cluster_id, None)
+            self._last.pop(cluster_id, None)
+        if where is not None and self.clusters.get(*where) is not None:
+            self._call(f"delete RayCluster {where[0]}/{where[1]}", self._delete_raycluster, *where)
+
+    def dashboard_headers(self, cluster_id: str) -> dict[str, str]:
+        """Outside the cluster the dashboard is reached through the API server's service proxy, as raypod."""
+        if self._in_cluster:
+            return {}
+        token = self._api.configuration.api_key.get("authorization") or self._api.configuration.api_key.get(
+            "BearerToken"
+        )
+        return {"Authorization": token if token and token.startswith("Bearer ") else f"Bearer {token}"} if token else {}
+
+    def job_api(self, cluster_id: str, dashboard_url: str) -> ray_jobs.RayJobApi:
+        import httpx
+
+        return ray_jobs.RayJobApi(dashboard_url, self.dashboard_headers(cluster_id), httpx.Client(timeout=30))
+
+    def close(self) -> None:
+        self.clusters.stop()
+        self.pods.stop()
+
+    # -- inside --------------------------------------------------------------------------------------------
+
+    def _call(self, doing: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return call(*args, **kwargs)
+        except ApiException as exc:
+            if exc.status == 404 and doing.startswith("delete"):
+                return None  # already gone
+            if exc.status == 409 and doing.startswith("create"):
+                return None  # created meanwhile (by an earlier pass whose answer was lost): compared next pass
+            raise api_errors.to_raypod(exc, doing) from None
+        except Exception as exc:
+            raise api_errors.to_raypod(exc, doing) from None
+
+    def _delete_raycluster(self, namespace: str, name: str) -> None:
+        self._custom.delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self._timeout
+        )
+
+    def _find(self, cluster_id: str) -> Key | None:
+        for item in self.clusters.items():
+            if item["metadata"].get("labels", {}).get(UID_LABEL) == cluster_id:
+                where = (item["metadata"]["namespace"], item["metadata"]["name"])
+                with self._lock:
+                    self._known[cluster_id] = where
+                return where
+        return None
+
+    def _unknown(self, cluster_id: str, why: str) -> state.ObservedCluster:
+        """What the API server cannot show is unknown, not gone: the nodes last seen, each UNKNOWN."""
+        with self._lock:
+            last = self._last.get(cluster_id, state.ObservedCluster())
+        nodes = {
+            name: _replace(node, phase=state.NodePhase.UNKNOWN, reason="the Kubernetes API server cannot be watched")
+            for name, node in last.nodes.items()
+        }
+        return state.ObservedCluster(
+            nodes=nodes,
+            endpoints=dict(last.endpoints),
+            gcs_reachable=False,
+            gcs_error=f"Kubernetes API: {why}",
+        )
+
+    def _endpoints(self, raycluster: dict[str, Any], where: Key) -> dict[str, str]:
+        namespace, name = where
+        service = raycluster.get("status", {}).get("head", {}).get("serviceName") or f"{name}-head-svc"
+        if self._in_cluster:
+            dashboard = f"http://{service}.{namespace}.svc:{DASHBOARD_PORT}"
+        else:
+            host = self._api.configuration.host.rstrip("/")
+            dashboard = f"{host}/api/v1/namespaces/{namespace}/services/{service}:dashboard/proxy"
+        return {"dashboard": dashboard, "gcs": f"{service}.{namespace}.svc:{GCS_PORT}"}
+
+    def _index_pod(self, key: Key, pod: dict[str, Any] | None) -> None:
+        namespace, pod_name = key
+        with self._lock:
+            if pod is None:
+                for (ns, _), pods in self._pods_by_cluster.items():
+                    if ns == namespace:
+                        pods.pop(pod_name, None)
+                return
+            cluster = pod["metadata"].get("labels", {}).get("ray.io/cluster")
+            if cluster:
+                self._pods_by_cluster.setdefault((namespace, cluster), {})[pod_name] = pod
+
+
+def rendered(cluster_id: str, spec: spec_mod.ClusterSpec) -> dict[str, Any]:
+    """The RayCluster raypod applies: the manifest the console shows, plus the cluster's uid and the manifest's
+    digest (so an unchanged spec costs no write)."""
+    manifest = manifests.raycluster(spec)
+    digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
+    manifest["metadata"]["labels"][UID_LABEL] = cluster_id
+    manifest["metadata"].setdefault("annotations", {})[SPEC_HASH_ANNOTATION] = digest
+    return manifest
+
+
+def merge_patch(current: Any, desired: Any) -> Any:
+    """The JSON merge patch (RFC 7386) that turns ``current`` into ``desired``: keys ``desired`` lacks are nulled."""
+    if not isinstance(current, dict) or not isinstance(desired, dict):
+        return desired
+    patch = {key: None for key in current if key not in desired}
+    for key, value in desired.items():
+        if key not in current or current[key] != value:
+            patch[key] = merge_patch(current.get(key), value)
+    return patch
+
+
+def pods_by_node(pods: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """raypod's node names for KubeRay's pods: ``head``, and ``<group>-<i>`` by age within each group."""
+    named: dict[str, dict[str, Any]] = {}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for pod in pods:
+        if _is_head(pod):
+            named["head"] = pod
+        else:
+            groups.setdefault(pod["metadata"].get("labels", {}).get("ray.io/group", "workers"), []).append(pod)
+    for group, members in sorted(groups.items()):
+        ordered = sorted(members, key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
+        for index, pod in enumerate(ordered):
+            named[f"{group}-{index}"] = pod
+    return named
+
+
+def observed_nodes(pods: list[dict[str, Any]]) -> dict[str, state.ObservedNode]:
+    return {name: _observe_pod(name, pod) for name, pod in pods_by_node(pods).items()}
+
+
+def _observe_pod(name: str, pod: dict[str, Any]) -> state.ObservedNode:
+    metadata, status = pod["metadata"], pod.get("status") or {}
+    phase, reason = _pod_phase(pod)
+    created = metadata.get("creationTimestamp")
+    ip = status.get("podIP")
+    return state.ObservedNode(
+        name=name,
+        group="head" if _is_head(pod) else metadata.get("labels", {}).get("ray.io/group", ""),
+        is_head=_is_head(pod),
+        phase=phase,
+        started_at=datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() if created else 0.0,
+        reason=reason,
+        incarnation=metadata.get("uid") or metadata["name"],
+        metrics_endpoint=f"{ip}:{METRICS_PORT}" if ip else None,
+    )
+
+
+def _pod_phase(pod: dict[str, Any]) -> tuple[state.NodePhase, str]:
+    status = pod.get("status") or {}
+    if pod["metadata"].get("deletionTimestamp"):
+        return state.NodePhase.DEAD, "its pod is terminating"
+    if status.get("reason") == "NodeLost" or status.get("phase") == "Unknown":
+        return state.NodePhase.UNKNOWN, "its Kubernetes node does not report (NodeLost)"
+    phase = status.get("phase", "Pending")
+    if phase in ("Failed", "Succeeded"):
+        terminated = [
+            c.get("state", {}).get("terminated", {}) for c in status.get("containerStatuses", []) if c.get("state")
+        ]
+        why = next((t.get("reason") for t in terminated if t.get("reason")), status.get("reason") or phase)
+        return state.NodePhase.DEAD, f"its pod {phase.lower()}: {why}"
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
+    if phase == "Running" and ready:
+        return state.NodePhase.RUNNING, ""
+    return state.NodePhase.STARTING, "its pod is " + ("starting" if phase == "Running" else phase.lower())
+
+
+def _is_head(pod: dict[str, Any]) -> bool:
+    return bool(pod["metadata"].get("labels", {}).get("ray.io/node-type") == "head")
+
+
+def _replace(node: state.ObservedNode, **changes: Any) -> state.ObservedNode:
+    from dataclasses import replace
+
+    return replace(node, **changes)

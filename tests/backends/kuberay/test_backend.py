@@ -1,0 +1,277 @@
+"""The KubeRay backend against an emulated API server (kmock), with the test playing KubeRay's part on pods:
+a spec becomes a RayCluster, pods become nodes, a failed pod is replaced, and what the API server does wrong (an
+outage, 409, 410, a missing CRD, RBAC) gives a clear message and loses no desired state."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raypod import errors, state
+from raypod import spec as spec_mod
+from raypod.backends.kuberay import backend as kuberay
+from raypod.backends.kuberay import manifests
+from raypod.controlplane import loop, store
+
+from .conftest import Emulator
+
+# A relay cut drops live connections mid-response: the client's and the emulator's sockets are then closed by the
+# garbage collector, which Python reports as a ResourceWarning.
+pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
+
+SPEC = spec_mod.parse_spec(
+    {"name": "demo", "owner": "ana", "head": {"cpus": 1}, "worker_groups": [{"name": "w", "replicas": 2, "cpus": 1}]}
+)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> store.Store:
+    return store.Store(f"sqlite:///{tmp_path / 'raypod.db'}")
+
+
+@pytest.fixture
+def backend(emulator: Emulator) -> Iterator[kuberay.KubeRayBackend]:
+    made = kuberay.KubeRayBackend(emulator.api, request_timeout_s=2.0)
+    yield made
+    made.close()
+
+
+def until(reconciler: loop.Reconciler, done: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    """Reconcile until ``done()`` is truthy (the watches deliver in the background); fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reconciler.reconcile_all()
+        result = done()
+        if result:
+            return result
+        time.sleep(0.05)
+    raise AssertionError(f"never happened: {what}")
+
+
+def view(db: store.Store) -> state.ClusterView:
+    return db.get("default", "demo")
+
+
+def reasons(db: store.Store) -> list[str]:
+    return [event.reason for event in db.events("default", "demo")]
+
+
+def kuberay_starts(emulator: Emulator) -> None:
+    """KubeRay's part for SPEC: a head and two workers, running."""
+    emulator.start_pod("default", "demo", "", "demo-head-x1", head=True)
+    emulator.start_pod("default", "demo", "w", "demo-w-worker-a")
+    emulator.start_pod("default", "demo", "w", "demo-w-worker-b")
+    for pod in ("demo-head-x1", "demo-w-worker-a", "demo-w-worker-b"):
+        emulator.run("default", pod)
+
+
+def test_a_cluster_becomes_a_raycluster_and_kuberays_pods_become_its_nodes(
+    db: store.Store, emulator: Emulator, backend: kuberay.KubeRayBackend
+) -> None:
+    uid = db.insert(SPEC).uid
+    reconciler = loop.Reconciler(db, backend)
+    [applied] = until(reconciler, emulator.rayclusters, "the RayCluster is created")
+    expected = manifests.raycluster(SPEC)
+    assert applied["spec"] == expected["spec"], "the RayCluster is exactly the manifest the console shows"
+    assert applied["metadata"]["labels"][kuberay.UID_LABEL] == uid
+    assert view(db).status.phase is not state.ClusterPhase.READY
+
+    kuberay_starts(emulator)
+    ready = until(reconciler, lambda: view(db).status.phase is state.ClusterPhase.READY and view(db), "Ready")
+    assert {(n.name, n.phase) for n in ready.status.nodes} == {
+        ("head", state.NodePhase.RUNNING),
+        ("w-0", state.NodePhase.RUNNING),
+        ("w-1", state.NodePhase.RUNNING),
+    }
+    assert ready.status.endpoints["dashboard"].endswith("/services/demo-head-svc:dashboard/proxy")
+    patches = len(emulator.handler["patch"])
+    for _ in range(5):
+        reconciler.reconcile_all()
+    assert len(emulator.handler["patch"]) == patches, "an unchanged spec cost a write"
+
+
+def test_scaling_patches_the_raycluster_and_a_failed_pod_is_deleted_for_kuberay_to_replace(
+    db: store.Store, emulator: Emulator, backend: kuberay.KubeRayBackend
+) -> None:
+    uid = db.insert(SPEC).uid
+    reconciler = loop.Reconciler(db, backend)
+    until(reconciler, emulator.rayclusters, "the RayCluster is created")
+    kuberay_starts(emulator)
+    until(reconciler, lambda: view(db).status.phase is state.ClusterPhase.READY, "Ready")
+
+    db.update_spec(uid, SPEC.with_replicas("w", 3))
+    until(
+        reconciler,
+        lambda: emulator.rayclusters()[0]["spec"]["workerGroupSpecs"][0]["replicas"] == 3,
+        "the RayCluster asks for 3 workers",
+    )
+
+    emulator.set_pod(
+        "default",
+        "demo-w-worker-a",
+        {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "ray",
+                    "image": "rayproject/ray",
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+                }
+            ],
+        },
+    )
+    until(
+        reconciler,
+        lambda: "demo-w-worker-a" not in {p.metadata.name for p in emulator.pods()},
+        "the failed pod is deleted",
+    )
+    died = next(e for e in db.events("default", "demo") if e.reason == "NodeDied")
+    assert "OOMKilled" in died.message
+    assert {p.metadata.name for p in emulator.pods()} == {"demo-head-x1", "demo-w-worker-b"}, "only that pod"
+
+
+def test_an_api_server_outage_makes_nodes_unknown_deletes_nothing_and_loses_no_change(
+    db: store.Store, emulator: Emulator, backend: kuberay.KubeRayBackend
+) -> None:
+    uid = db.insert(SPEC).uid
+    reconciler = loop.Reconciler(db, backend)
+    until(reconciler, emulator.rayclusters, "the RayCluster is created")
+    kuberay_starts(emulator)
+    until(reconciler, lambda: view(db).status.phase is state.ClusterPhase.READY, "Ready")
+
+    emulator.relay.cut()
+    emulator.set_pod("default", "demo-w-worker-a", {"phase": "Failed"})  # unseen while the API is away
+    db.update_spec(uid, SPEC.with_replicas("w", 4))
+    unknown = until(
+        reconciler, lambda: view(db).status.phase is state.ClusterPhase.UNKNOWN and view(db), "nodes unknown"
+    )
+    assert {n.phase for n in unknown.status.nodes} == {state.NodePhase.UNKNOWN}
+    assert "FailedToApply" in reasons(db)
+    assert not [r for r in emulator.handler["delete"]], "something was deleted during the outage"
+
+    emulator.relay.restore()
+    until(
+        reconciler,
+        lambda: emulator.rayclusters()[0]["spec"]["workerGroupSpecs"][0]["replicas"] == 4,
+        "the change made during the outage is applied",
+        timeout=30,
+    )
+    until(
+        reconciler,
+        lambda: "demo-w-worker-a" not in {p.metadata.name for p in emulator.pods()},
+        "the pod that failed during the outage is replaced",
+    )
+
+
+def test_a_watch_told_410_gone_lists_again_and_keeps_serving(emulator: Emulator) -> None:
+    gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old resource version"}}
+    sent: list[bool] = []
+
+    def first_watch(request: Any) -> bool:
+        if request.params.get("watch") == "true" and not sent:
+            sent.append(True)
+            return True
+        return False
+
+    emulator.handler[first_watch] << (gone,)  # before any watch runs: kmock also pushes reactions into live streams
+    core = kuberay.client.CoreV1Api(emulator.api)
+    informer = kuberay.Informer("pods", core.list_pod_for_all_namespaces, request_timeout_s=2.0)
+    informer.start()
+    try:
+        deadline = time.monotonic() + 10
+        while informer.lists < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sent and informer.lists >= 2, "a 410 did not make the informer list again"
+        emulator.start_pod("default", "demo", "w", "late-pod")
+        deadline = time.monotonic() + 10
+        while informer.get("default", "late-pod") is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert informer.get("default", "late-pod") is not None, "the watch did not resume after the re-list"
+        assert informer.synced
+    finally:
+        informer.stop()
+
+
+def test_a_conflict_on_update_is_retried_and_the_change_lands(
+    db: store.Store, emulator: Emulator, backend: kuberay.KubeRayBackend
+) -> None:
+    uid = db.insert(SPEC).uid
+    reconciler = loop.Reconciler(db, backend)
+    until(reconciler, emulator.rayclusters, "the RayCluster is created")
+    refused: list[bool] = []
+
+    def first_patch(request: Any) -> bool:
+        if request.method == "PATCH" and not refused:
+            refused.append(True)
+            return True
+        return False
+
+    emulator.handler[first_patch] << 409
+    db.update_spec(uid, SPEC.with_replicas("w", 1))
+    until(
+        reconciler,
+        lambda: emulator.rayclusters()[0]["spec"]["workerGroupSpecs"][0]["replicas"] == 1,
+        "the change lands",
+    )
+    assert refused and any("409" in e.message for e in db.events("default", "demo") if e.reason == "FailedToApply")
+
+
+@pytest.mark.parametrize("emulator", [{"crds": False}], indirect=True)
+def test_without_kuberays_crd_the_message_says_to_install_the_operator(
+    db: store.Store, emulator: Emulator, backend: kuberay.KubeRayBackend
+) -> None:
+    db.insert(SPEC)
+    reconciler = loop.Reconciler(db, backend)
+    until(reconciler, lambda: "FailedToApply" in reasons(db), "a failure is recorded")
+    message = next(e.message for e in db.events("default", "demo") if e.reason == "FailedToApply")
+    assert "install the KubeRay operator" in message, message
+    assert "Traceback" not in message
+
+
+def test_rbac_refusals_name_the_missing_verb_and_are_permanent(
+    emulator: Emulator, backend: kuberay.KubeRayBackend
+) -> None:
+    assert backend.clusters.wait_synced(10)
+    emulator.handler["post"] << 403
+    with pytest.raises(errors.PermanentError, match="forbidden by RBAC"):
+        backend.apply("uid-1", SPEC, deleting=False)
+
+
+def test_a_raycluster_raypod_did_not_make_is_never_taken_over(
+    emulator: Emulator, backend: kuberay.KubeRayBackend
+) -> None:
+    foreign = manifests.raycluster(SPEC)
+    emulator.custom.create_namespaced_custom_object("ray.io", "v1", "default", "rayclusters", foreign)
+    deadline = time.monotonic() + 10
+    while backend.clusters.get("default", "demo") is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(errors.PermanentError, match="did not create"):
+        backend.apply("uid-1", SPEC, deleting=False)
+
+
+def test_deleting_a_cluster_deletes_its_raycluster_and_releases_it_once_the_pods_are_gone(
+    db: store.Store, emulator: Emulator, backend: kuberay.KubeRayBackend
+) -> None:
+    uid = db.insert(SPEC).uid
+    reconciler = loop.Reconciler(db, backend)
+    until(reconciler, emulator.rayclusters, "the RayCluster is created")
+    kuberay_starts(emulator)
+    until(reconciler, lambda: view(db).status.phase is state.ClusterPhase.READY, "Ready")
+    db.mark_deleting(uid)
+    until(reconciler, lambda: not emulator.rayclusters(), "the RayCluster is deleted")
+    for pod in emulator.pods():  # Kubernetes' garbage collector removes what the RayCluster owned
+        emulator.core.delete_namespaced_pod(pod.metadata.name, "default")
+    until(reconciler, lambda: not db.list(), "the cluster is released")
+
+
+def test_merge_patch_turns_one_document_into_another() -> None:
+    current = {"a": 1, "b": {"c": 2, "d": 3}, "e": [1, 2]}
+    desired = {"a": 1, "b": {"c": 5}, "e": [2], "f": "new"}
+    assert kuberay.merge_patch(current, desired) == {"b": {"c": 5, "d": None}, "e": [2], "f": "new"}
