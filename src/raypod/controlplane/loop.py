@@ -96,6 +96,7 @@ class Reconciler:
             is_settled = self._reconcile_changed(done) and is_settled
             if view.uid not in done:
                 is_settled = self._reconcile_one(view) and is_settled
+            time.sleep(0)  # let the API's threads in between clusters: a fleet's pass is long
         return self._reconcile_changed(done) and is_settled
 
     def _reconcile_changed(self, done: set[str]) -> bool:

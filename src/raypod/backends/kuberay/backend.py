@@ -39,6 +39,11 @@ SPEC_HASH_ANNOTATION = "raypod.io/spec-hash"
 MANAGED_SELECTOR = "app.kubernetes.io/managed-by=raypod"
 RAY_POD_SELECTOR = "ray.io/is-ray-node=yes"
 DASHBOARD_PORT, GCS_PORT, METRICS_PORT = 8265, 6379, 8080
+# Every verb this backend uses, as the Helm chart's (Cluster)Role grants them (a test holds the two together).
+RBAC_RULES = (
+    {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "delete"]},
+)
 
 
 class KubeRayBackend:

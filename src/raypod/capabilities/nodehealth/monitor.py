@@ -63,14 +63,14 @@ class HealthMonitor:
         # By cluster, then node (and check): a pass over one cluster never walks another's entries.
         self._health: dict[str, dict[str, tuple[str, model.NodeHealth]]] = {}
         self._checks: dict[str, dict[tuple[str, str], _Check]] = {}
+        self._host_sample: tuple[float, model.SignalResult] | None = None
 
     def assess(
         self, view: state.ClusterView, observed: state.ObservedCluster
     ) -> tuple[dict[str, model.NodeHealth], list[Transition]]:
         """This pass's health of every observed node, and the transitions since the last pass."""
         policy = view.spec.recovery
-        host = psutil.virtual_memory()
-        host_memory = signals.check_host_memory(host.available, host.total)
+        host_memory = self._host_memory()
         # Nodes on their way out (a scale-down, a deletion) are not assessed: their end is not a health event.
         wanted = {} if view.deleting else {node.name: node for node in view.spec.desired_nodes()}
         live = [
@@ -120,6 +120,14 @@ class HealthMonitor:
                 transitions.append(Transition(node.name, current))
         self._forget_nodes(view.uid, set(observed.nodes))
         return healths, transitions
+
+    def _host_memory(self) -> model.SignalResult:
+        """The host's memory signal, read at most once a second: a fleet's pass assesses thousands of clusters."""
+        now = self.clock()
+        if self._host_sample is None or now - self._host_sample[0] >= 1.0:
+            host = psutil.virtual_memory()
+            self._host_sample = (now, signals.check_host_memory(host.available, host.total))
+        return self._host_sample[1]
 
     def forget(self, cluster_id: str) -> None:
         self._forget_nodes(cluster_id, set())
