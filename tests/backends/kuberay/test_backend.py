@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from raypod import errors, state
 from raypod import spec as spec_mod
@@ -275,3 +276,28 @@ def test_merge_patch_turns_one_document_into_another() -> None:
     current = {"a": 1, "b": {"c": 2, "d": 3}, "e": [1, 2]}
     desired = {"a": 1, "b": {"c": 5}, "e": [2], "f": "new"}
     assert kuberay.merge_patch(current, desired) == {"b": {"c": 5, "d": None}, "e": [2], "f": "new"}
+
+
+def test_a_spec_field_the_installed_kuberay_lacks_is_refused_before_anything_is_applied(
+    emulator: Emulator, backend: kuberay.KubeRayBackend, kuberay_crds: Path
+) -> None:
+    crd = yaml.safe_load((kuberay_crds / "ray.io_rayclusters.yaml").read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    del version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["workerGroupSpecs"]["items"][
+        "properties"
+    ]["labels"]  # as in a KubeRay before 1.5
+    extensions = kuberay.client.ApiextensionsV1Api(emulator.core.api_client)
+    extensions.create_custom_resource_definition(crd, _preload_content=False)
+    assert backend.clusters.wait_synced(10)
+    labelled = spec_mod.parse_spec(
+        {"name": "demo", "worker_groups": [{"name": "w", "replicas": 1, "labels": {"zone": "a"}}]}
+    )
+    with pytest.raises(errors.PermanentError, match=r"workerGroupSpecs\[0\].labels"):
+        backend.apply("uid-1", labelled, deleting=False)
+    assert emulator.rayclusters() == []
+    backend.apply("uid-1", SPEC, deleting=False)  # a spec without the field is applied
+    assert backend.clusters.wait_synced(5)
+    deadline = time.monotonic() + 10
+    while not emulator.rayclusters() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [c["metadata"]["name"] for c in emulator.rayclusters()] == ["demo"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +73,18 @@ def test_manifest_carries_the_spec() -> None:
 def test_fixed_size_groups_do_not_enable_the_autoscaler() -> None:
     manifest = manifests.raycluster(spec_mod.parse_spec(SPECS[1]))
     assert manifest["spec"]["enableInTreeAutoscaling"] is False
+
+
+@pytest.mark.parametrize("data", SPECS, ids=[s["name"] for s in SPECS])
+def test_every_field_raypod_emits_is_defined_by_kuberay_1_7(
+    data: dict[str, Any], raycluster_schema: dict[str, Any]
+) -> None:
+    manifest = manifests.raycluster(spec_mod.parse_spec(data))
+    assert manifests.unknown_fields(manifest["spec"], raycluster_schema["properties"]["spec"]) == []
+
+
+def test_a_field_an_older_kuberay_lacks_is_named(raycluster_schema: dict[str, Any]) -> None:
+    older = copy.deepcopy(raycluster_schema["properties"]["spec"])
+    del older["properties"]["workerGroupSpecs"]["items"]["properties"]["labels"]  # added in KubeRay 1.5
+    manifest = manifests.raycluster(spec_mod.parse_spec(SPECS[2]))
+    assert manifests.unknown_fields(manifest["spec"], older) == ["workerGroupSpecs[1].labels"]

@@ -44,6 +44,13 @@ RBAC_RULES = (
     {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list", "watch", "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "delete"]},
 )
+# Cluster-scoped, so always in a ClusterRole: reading KubeRay's installed CRD tells which spec fields it serves.
+CRD_RULE = {
+    "apiGroups": ["apiextensions.k8s.io"],
+    "resources": ["customresourcedefinitions"],
+    "resourceNames": ["rayclusters.ray.io"],
+    "verbs": ["get"],
+}
 
 
 class KubeRayBackend:
@@ -68,6 +75,7 @@ class KubeRayBackend:
         self._pods_by_cluster: dict[Key, dict[str, dict[str, Any]]] = {}
         self._known: dict[str, Key] = {}  # cluster uid -> (namespace, name)
         self._last: dict[str, state.ObservedCluster] = {}
+        self._schema: dict[str, Any] | None = None
         self.clusters = Informer(
             PLURAL,
             functools.partial(
@@ -133,6 +141,13 @@ class KubeRayBackend:
                 self._call(f"delete RayCluster {spec.namespace}/{spec.name}", self._delete_raycluster, *where)
             return
         desired = rendered(cluster_id, spec)
+        schema = self._installed_schema()
+        unknown = manifests.unknown_fields(desired["spec"], schema) if schema else []
+        if unknown:
+            raise errors.PermanentError(
+                f"the installed KubeRay does not serve spec field {unknown[0]} (its CRD lacks it; the API server would "
+                "drop it): upgrade the KubeRay operator, or leave the field out"
+            )
         digest = desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
         if current is None:
             self._call(
@@ -282,6 +297,21 @@ class KubeRayBackend:
             raise api_errors.to_raypod(exc, doing) from None
         except Exception as exc:
             raise api_errors.to_raypod(exc, doing) from None
+
+    def _installed_schema(self) -> dict[str, Any] | None:
+        """The ``spec`` schema of the installed RayCluster CRD (read once), or None where raypod may not read it."""
+        if self._schema is None:
+            try:
+                response = client.ApiextensionsV1Api(self._api).read_custom_resource_definition(
+                    f"{PLURAL}.{GROUP}", _request_timeout=self._timeout, _preload_content=False
+                )
+                crd = json.loads(response.data)  # type: ignore[attr-defined]  # raw: _preload_content=False
+                version = next(v for v in crd["spec"]["versions"] if v["name"] == VERSION)
+                self._schema = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            except Exception as exc:  # forbidden, absent, unreachable: the check is skipped, never the apply
+                log.warning("%s; spec fields are not checked against it", api_errors.explain(exc, "read KubeRay's CRD"))
+                self._schema = {}
+        return self._schema or None
 
     def _delete_raycluster(self, namespace: str, name: str) -> None:
         self._custom.delete_namespaced_custom_object(

@@ -267,3 +267,30 @@ def _list(value: Any, where: str) -> list[Any]:
     if not isinstance(value, list):
         raise errors.InvalidSpec(f"{where}: expected a list")
     return value
+
+
+def unknown_fields(document: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Fields of ``document`` that a CRD's ``openAPIV3Schema`` does not define: the API server would prune them
+    silently, so a KubeRay too old for a spec field is found here, before anything is applied."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    if isinstance(document, dict):
+        properties = schema.get("properties")
+        if properties is None:
+            extra = schema.get("additionalProperties")
+            if isinstance(extra, dict):
+                return [f for key, value in document.items() for f in unknown_fields(value, extra, f"{path}.{key}")]
+            return []
+        found: list[str] = []
+        for key, value in document.items():
+            where = f"{path}.{key}" if path else key
+            if key not in properties:
+                found.append(where)
+            else:
+                found += unknown_fields(value, properties[key], where)
+        return found
+    if isinstance(document, list) and isinstance(schema.get("items"), dict):
+        return [
+            f for index, item in enumerate(document) for f in unknown_fields(item, schema["items"], f"{path}[{index}]")
+        ]
+    return []
