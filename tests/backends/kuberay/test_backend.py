@@ -70,6 +70,16 @@ def kuberay_starts(emulator: Emulator) -> None:
         emulator.run("default", pod)
 
 
+def ready_cluster(db: store.Store, emulator: Emulator, backend: kuberay.KubeRayBackend) -> tuple[str, loop.Reconciler]:
+    """SPEC applied, KubeRay's pods running, the cluster Ready: its uid and the loop."""
+    uid = db.insert(SPEC).uid
+    reconciler = loop.Reconciler(db, backend)
+    until(reconciler, emulator.rayclusters, "the RayCluster is created")
+    kuberay_starts(emulator)
+    until(reconciler, lambda: view(db).status.phase is state.ClusterPhase.READY, "Ready")
+    return uid, reconciler
+
+
 def test_a_cluster_becomes_a_raycluster_and_kuberays_pods_become_its_nodes(
     db: store.Store, emulator: Emulator, backend: kuberay.KubeRayBackend
 ) -> None:
@@ -98,11 +108,7 @@ def test_a_cluster_becomes_a_raycluster_and_kuberays_pods_become_its_nodes(
 def test_scaling_patches_the_raycluster_and_a_failed_pod_is_deleted_for_kuberay_to_replace(
     db: store.Store, emulator: Emulator, backend: kuberay.KubeRayBackend
 ) -> None:
-    uid = db.insert(SPEC).uid
-    reconciler = loop.Reconciler(db, backend)
-    until(reconciler, emulator.rayclusters, "the RayCluster is created")
-    kuberay_starts(emulator)
-    until(reconciler, lambda: view(db).status.phase is state.ClusterPhase.READY, "Ready")
+    uid, reconciler = ready_cluster(db, emulator, backend)
 
     db.update_spec(uid, SPEC.with_replicas("w", 3))
     until(
@@ -141,11 +147,7 @@ def test_scaling_patches_the_raycluster_and_a_failed_pod_is_deleted_for_kuberay_
 def test_an_api_server_outage_makes_nodes_unknown_deletes_nothing_and_loses_no_change(
     db: store.Store, emulator: Emulator, backend: kuberay.KubeRayBackend
 ) -> None:
-    uid = db.insert(SPEC).uid
-    reconciler = loop.Reconciler(db, backend)
-    until(reconciler, emulator.rayclusters, "the RayCluster is created")
-    kuberay_starts(emulator)
-    until(reconciler, lambda: view(db).status.phase is state.ClusterPhase.READY, "Ready")
+    uid, reconciler = ready_cluster(db, emulator, backend)
 
     emulator.relay.cut()
     emulator.set_pod("default", "demo-w-worker-a", {"phase": "Failed"})  # unseen while the API is away
@@ -260,11 +262,7 @@ def test_a_raycluster_raypod_did_not_make_is_never_taken_over(
 def test_deleting_a_cluster_deletes_its_raycluster_and_releases_it_once_the_pods_are_gone(
     db: store.Store, emulator: Emulator, backend: kuberay.KubeRayBackend
 ) -> None:
-    uid = db.insert(SPEC).uid
-    reconciler = loop.Reconciler(db, backend)
-    until(reconciler, emulator.rayclusters, "the RayCluster is created")
-    kuberay_starts(emulator)
-    until(reconciler, lambda: view(db).status.phase is state.ClusterPhase.READY, "Ready")
+    uid, reconciler = ready_cluster(db, emulator, backend)
     db.mark_deleting(uid)
     until(reconciler, lambda: not emulator.rayclusters(), "the RayCluster is deleted")
     for pod in emulator.pods():  # Kubernetes' garbage collector removes what the RayCluster owned
