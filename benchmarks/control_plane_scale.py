@@ -48,7 +48,9 @@ def serve(home: Path, port: int) -> None:
 
     class SimBackend(FakeBackend):
         def __init__(self) -> None:
-            super().__init__(capacity=base.HostCapacity(None, None, None, None))
+            # Like the Kubernetes backend's watches, it says when a cluster's observation changed (a kill).
+            features = frozenset({base.Feature.DRAIN, base.Feature.CHANGE_EVENTS})
+            super().__init__(capacity=base.HostCapacity(None, None, None, None), features=features)
             self.actions = open(home / "actions.jsonl", "a", buffering=1)  # noqa: SIM115
 
         def _log(self, verb: str, cluster_id: str, name: str) -> None:

@@ -830,6 +830,20 @@ class JobSpec(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
     max_retries: int = Field(0, ge=0, le=20, description="Resubmissions after a FAILED attempt (backoffLimit).")
     backoff_s: float = Field(2.0, ge=0, le=MAX_JOB_BACKOFF_S, description="First retry delay; doubles each time.")
+    as_rayjob: bool = Field(
+        False,
+        description="Kubernetes backend: run as a KubeRay RayJob on a cluster of its own shaped as the named one "
+        "(backoffLimit = max_retries); KubeRay retries it.",
+    )
+    keep_cluster: bool = Field(
+        False, description="With as_rayjob: keep the RayJob's cluster after the job ends (shutdownAfterJobFinishes)."
+    )
+
+    @model_validator(mode="after")
+    def _rayjob_options(self) -> JobSpec:
+        if self.keep_cluster and not self.as_rayjob:
+            raise ValueError("keep_cluster: only a job run as a RayJob (as_rayjob) has a cluster of its own")
+        return self
 
     @field_validator("runtime_env")
     @classmethod

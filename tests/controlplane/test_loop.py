@@ -135,3 +135,21 @@ def test_a_changed_cluster_is_reconciled_before_the_rest_and_settled_ones_are_no
     planned.clear()
     reconciler.reconcile_all()
     assert planned == ["c"]
+
+
+def test_on_a_backend_that_reports_changes_a_settled_cluster_is_observed_only_when_told(db: store.Store) -> None:
+    features = frozenset({loop.base.Feature.DRAIN, loop.base.Feature.CHANGE_EVENTS})
+    backend = fake.FakeBackend(features=features)
+    uid = db.insert(SPEC).uid
+    reconciler = loop.Reconciler(db, backend)
+    settle(reconciler)
+    observed: list[str] = []
+    real_observe = backend.observe
+    backend.observe = lambda cluster_id: observed.append(cluster_id) or real_observe(cluster_id)  # type: ignore[method-assign]
+    settle(reconciler, passes=3)
+    assert observed == [], "a settled cluster was observed with nothing reported"
+
+    backend.kill(uid, "cpu-0")  # the backend reports it: the next pass looks, replaces the node
+    view = settle(reconciler, passes=4)
+    assert observed and view.status.phase is Phase.READY
+    assert reasons(db).count("RemovedDeadNode") == 1

@@ -199,3 +199,11 @@ def test_the_cluster_list_pages_in_name_order_and_a_bad_continue_token_is_a_4xx(
     assert [c["spec"]["name"] for c in api.get("/api/v1/clusters").json()] == ["a", "b", "c", "d", "e"]
     for bad in ({"limit": 0}, {"limit": 5000}, {"continue": "no-slash"}, {"continue": "../x"}):
         assert api.get("/api/v1/clusters", params=bad).status_code == 422, bad
+
+
+def test_a_rayjob_on_a_backend_without_kuberay_is_a_clear_4xx(api: TestClient) -> None:
+    api.post("/api/v1/clusters", json={"name": "demo", "head": {"cpus": 1, "memory": "1Gi"}}).raise_for_status()
+    wait_for(api, PATH, ready)
+    response = api.post(f"{PATH}/jobs", json={"entrypoint": "python x.py", "as_rayjob": True})
+    assert response.status_code == 422
+    assert "needs the Kubernetes backend" in response.json()["message"]

@@ -6,10 +6,11 @@ users or quotas, and nothing backend-specific leaks out of it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from raypod import spec as spec_mod
 from raypod import state
@@ -24,6 +25,9 @@ class Feature(StrEnum):
     # The backend's own controller runs a cluster object's nodes (KubeRay): raypod applies the whole spec with
     # ``apply`` each pass, and node actions only replace (delete) what the controller then recreates.
     DECLARATIVE = "declarative"
+    # The backend calls its change listener whenever what ``observe`` returns for a cluster changes (KubeRay's
+    # watches): the loop then leaves settled clusters alone between resyncs instead of observing each every pass.
+    CHANGE_EVENTS = "change-events"
     NODE_COMMANDS = "node-commands"  # run_on_node works: user health checks
     SPACES = "spaces"  # workspace nodes with their IDE
 
@@ -60,6 +64,11 @@ class Backend(Protocol):
         ...
 
     def observe(self, cluster_id: str) -> state.ObservedCluster: ...
+
+    def set_change_listener(self, listener: Callable[[str], None]) -> None:
+        """Where the backend can tell, ``listener(cluster_id)`` is called when the cluster's observation changed
+        (see CHANGE_EVENTS); others keep it and may never call it."""
+        ...
 
     def create_node(self, cluster_id: str, node: spec_mod.NodeSpec) -> None: ...
 
@@ -107,3 +116,17 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class RayJobRunner(Protocol):
+    """A backend that can run one job as its own KubeRay ``RayJob`` (``raypod job submit --as-rayjob``)."""
+
+    def submit_rayjob(self, manifest: dict[str, Any]) -> None: ...
+
+    def rayjob_status(self, namespace: str, name: str) -> tuple[str, str] | None:
+        """Ray's status of the RayJob's job (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED) and a message, or None
+        while the backend has not seen it."""
+        ...
+
+    def delete_rayjob(self, namespace: str, name: str) -> None: ...

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,13 @@ class FakeBackend:
         # Per cluster, node -> a directory a test fills as a node's hangwatch agent would (no agent runs here).
         self.hangwatch_roots: dict[str, dict[str, Path]] = {}
         self._job_http = httpx.Client(transport=httpx.MockTransport(self._answer_job_api))
+        self._listener: Callable[[str], None] = lambda cluster_id: None
 
     def capacity(self) -> base.HostCapacity:
         return self._capacity
+
+    def set_change_listener(self, listener: Callable[[str], None]) -> None:
+        self._listener = listener
 
     def apply(self, cluster_id: str, spec: spec_mod.ClusterSpec, *, deleting: bool) -> None:
         """Nothing: not DECLARATIVE, nodes follow the planner's actions."""
@@ -128,12 +133,14 @@ class FakeBackend:
         """Simulate a GCS that stops (or starts again) answering while every node process lives."""
         with self._lock:
             (self.unreachable.discard if reachable else self.unreachable.add)(cluster_id)
+        self._listener(cluster_id)
 
     def kill(self, cluster_id: str, name: str) -> None:
         """Simulate a node dying on its own."""
         with self._lock:
             node = self.nodes[cluster_id][name]
             self.nodes[cluster_id][name] = _replace(node, phase=state.NodePhase.DEAD, reason="killed")
+        self._listener(cluster_id)
 
     def hangwatch_dirs(self, cluster_id: str) -> dict[str, Path]:
         return dict(self.hangwatch_roots.get(cluster_id, {}))

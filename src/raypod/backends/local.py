@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -183,6 +183,9 @@ class LocalBackend:
         )
 
     # -- observation ---------------------------------------------------------------------------------------
+
+    def set_change_listener(self, listener: Callable[[str], None]) -> None:
+        """Not called: processes are polled, so the loop observes every cluster every pass (no CHANGE_EVENTS)."""
 
     def apply(self, cluster_id: str, spec: spec_mod.ClusterSpec, *, deleting: bool) -> None:
         """Nothing: not DECLARATIVE, nodes follow the planner's actions."""

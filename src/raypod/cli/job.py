@@ -39,6 +39,10 @@ def submit(
     max_retries: Annotated[int, typer.Option(help="Resubmit a FAILED job up to N times (not a stopped one).")] = 0,
     backoff: Annotated[float, typer.Option(help="Seconds before the first retry; doubles each time.")] = 2.0,
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Follow until the job ends.")] = True,
+    as_rayjob: Annotated[
+        bool, typer.Option(help="Kubernetes: a KubeRay RayJob on a cluster of its own shaped as --cluster.")
+    ] = False,
+    keep_cluster: Annotated[bool, typer.Option(help="With --as-rayjob: keep its cluster after the job.")] = False,
     hang_timeout: Annotated[
         str | None, typer.Option(help="Ray Train hang timeout: seconds, 15m, 1h, or adaptive.")
     ] = None,
@@ -56,6 +60,11 @@ def submit(
         if not working_dir.is_dir():
             raise errors.InvalidSpec(f"--working-dir {working_dir} is not a directory")
         runtime_env["working_dir"] = str(working_dir)
+    if as_rayjob and working_dir is not None:
+        raise errors.InvalidSpec(
+            "--working-dir with --as-rayjob: the RayJob's cluster is a new one that cannot see an upload; "
+            "give runtime_env's working_dir as a remote URI (s3://..., https://...)"
+        )
     if "working_dir" in runtime_env or "py_modules" in runtime_env:
         runtime_env = _upload_working_dir(cluster, namespace, runtime_env)
     spec = spec_mod.JobSpec(
@@ -64,6 +73,8 @@ def submit(
         max_retries=max_retries,
         backoff_s=backoff,
         metadata=metadata,
+        as_rayjob=as_rayjob,
+        keep_cluster=keep_cluster,
     )
     api = cluster_cli.client()
     job = api.jobs.submit(cluster, spec, namespace)

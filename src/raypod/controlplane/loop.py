@@ -51,6 +51,7 @@ class Reconciler:
         # Clusters found settled (Ready, nothing to do): their generation and observation, and until when a pass
         # that sees exactly the same may skip planning (a full pass still runs at least every QUIET_RECHECK_S).
         self._quiet: dict[str, tuple[int, state.ObservedCluster, float]] = {}
+        backend.set_change_listener(self.wake)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failures: dict[str, tuple[int, float]] = {}
@@ -94,10 +95,18 @@ class Reconciler:
             if self._stop.is_set():
                 break
             is_settled = self._reconcile_changed(done) and is_settled
-            if view.uid not in done:
+            if view.uid not in done and not self._is_left_alone(view):
                 is_settled = self._reconcile_one(view) and is_settled
             time.sleep(0)  # let the API's threads in between clusters: a fleet's pass is long
         return self._reconcile_changed(done) and is_settled
+
+    def _is_left_alone(self, view: state.ClusterView) -> bool:
+        """A settled cluster on a backend that reports changes is not even observed until one is reported (its
+        spec changed, the backend called) or its resync is due: the event-driven half of a level-triggered loop."""
+        if base.Feature.CHANGE_EVENTS not in self.backend.features or view.deleting:
+            return False
+        quiet = self._quiet.get(view.uid)
+        return quiet is not None and quiet[0] == view.generation and time.monotonic() < quiet[2]
 
     def _reconcile_changed(self, done: set[str]) -> bool:
         with self._changed_lock:

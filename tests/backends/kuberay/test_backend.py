@@ -4,6 +4,7 @@ outage, 409, 410, a missing CRD, RBAC) gives a clear message and loses no desire
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,13 +12,16 @@ from typing import Any
 
 import pytest
 import yaml
+from fastapi.testclient import TestClient
 
-from raypod import errors, state
+from raypod import config, errors, state
 from raypod import spec as spec_mod
 from raypod.backends.kuberay import backend as kuberay
 from raypod.backends.kuberay import manifests
 from raypod.controlplane import loop, store
+from raypod.server.app import create_app
 
+from . import conftest
 from .conftest import Emulator
 
 # A relay cut drops live connections mid-response: the client's and the emulator's sockets are then closed by the
@@ -299,3 +303,38 @@ def test_a_spec_field_the_installed_kuberay_lacks_is_refused_before_anything_is_
     while not emulator.rayclusters() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [c["metadata"]["name"] for c in emulator.rayclusters()] == ["demo"]
+
+
+def test_a_job_as_a_rayjob_through_the_api_is_followed_to_its_end(
+    tmp_path: Path, emulator: Emulator, backend: kuberay.KubeRayBackend
+) -> None:
+    rayjobs = dict(conftest.RESOURCES["ray.io/v1/rayclusters"], kind="RayJob", singular="rayjob")
+    emulator.handler.resources["ray.io/v1/rayjobs"] = rayjobs
+    settings = config.Settings(home=tmp_path, reconcile_interval_s=0.05, tls=False)
+    with TestClient(create_app(settings, backend=backend), raise_server_exceptions=False) as api:
+        token = json.loads((tmp_path / "credentials").read_text())["token"]
+        api.headers["Authorization"] = f"Bearer {token}"
+        api.post("/api/v1/clusters", json=SPEC.model_dump(mode="json")).raise_for_status()
+        body = {"entrypoint": "python train.py", "max_retries": 3, "as_rayjob": True}
+        alone = {"entrypoint": "python train.py", "keep_cluster": True}  # a cluster of its own needs as_rayjob
+        assert api.post("/api/v1/namespaces/default/clusters/demo/jobs", json=alone).status_code == 422
+        uploaded = {**body, "runtime_env": {"working_dir": "gcs://_ray_pkg_abc.zip"}}
+        assert api.post("/api/v1/namespaces/default/clusters/demo/jobs", json=uploaded).status_code == 422
+        job = api.post("/api/v1/namespaces/default/clusters/demo/jobs", json=body).json()
+        [rayjob] = emulator.custom.list_namespaced_custom_object("ray.io", "v1", "default", "rayjobs")["items"]
+        assert rayjob["metadata"]["name"] == job["id"]
+        assert rayjob["spec"]["backoffLimit"] == 3 and rayjob["spec"]["shutdownAfterJobFinishes"] is True
+        assert rayjob["spec"]["rayClusterSpec"] == manifests.raycluster(SPEC)["spec"]
+
+        def status_of() -> str:
+            return str(api.get(f"/api/v1/jobs/{job['id']}").json()["status"])
+
+        for kuberay_says, raypod_says in (("RUNNING", "RUNNING"), ("SUCCEEDED", "SUCCEEDED")):
+            emulator.custom.patch_namespaced_custom_object(
+                "ray.io", "v1", "default", "rayjobs", job["id"], {"status": {"jobStatus": kuberay_says}}
+            )
+            deadline = time.monotonic() + 10
+            while status_of() != raypod_says and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert status_of() == raypod_says
+        assert "kubectl -n default logs job/" in api.get(f"/api/v1/jobs/{job['id']}/logs").json()["logs"]

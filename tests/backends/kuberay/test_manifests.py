@@ -88,3 +88,34 @@ def test_a_field_an_older_kuberay_lacks_is_named(raycluster_schema: dict[str, An
     del older["properties"]["workerGroupSpecs"]["items"]["properties"]["labels"]  # added in KubeRay 1.5
     manifest = manifests.raycluster(spec_mod.parse_spec(SPECS[2]))
     assert manifests.unknown_fields(manifest["spec"], older) == ["workerGroupSpecs[1].labels"]
+
+
+@pytest.fixture(scope="module")
+def rayjob_schema(kuberay_crds: Path) -> dict[str, Any]:
+    crd = yaml.safe_load((kuberay_crds / "ray.io_rayjobs.yaml").read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return schema
+
+
+@pytest.mark.parametrize("data", SPECS, ids=[s["name"] for s in SPECS])
+@pytest.mark.parametrize("shutdown", [True, False])
+def test_a_rayjob_validates_against_kuberay_1_7(
+    data: dict[str, Any], shutdown: bool, rayjob_schema: dict[str, Any]
+) -> None:
+    spec = spec_mod.parse_spec(data)
+    manifest = manifests.rayjob(
+        spec,
+        "rj-0123456789",
+        entrypoint="python train.py",
+        runtime_env={"pip": ["requests"], "env_vars": {"A": "1"}},
+        max_retries=2,
+        shutdown_after_finish=shutdown,
+        metadata={"raypod_job": "rj-0123456789"},
+    )
+    jsonschema.validate(manifest["spec"], rayjob_schema["properties"]["spec"])
+    assert manifests.unknown_fields(manifest["spec"], rayjob_schema["properties"]["spec"]) == []
+    assert manifest["spec"]["backoffLimit"] == 2
+    assert manifest["spec"]["shutdownAfterJobFinishes"] is shutdown
+    assert manifest["spec"]["rayClusterSpec"] == manifests.raycluster(spec)["spec"]
+    assert yaml.safe_load(manifest["spec"]["runtimeEnvYAML"]) == {"pip": ["requests"], "env_vars": {"A": "1"}}

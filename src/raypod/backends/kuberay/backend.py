@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ DASHBOARD_PORT, GCS_PORT, METRICS_PORT = 8265, 6379, 8080
 # Every verb this backend uses, as the Helm chart's (Cluster)Role grants them (a test holds the two together).
 RBAC_RULES = (
     {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "delete"]},
 )
 # Cluster-scoped, so always in a ClusterRole: reading KubeRay's installed CRD tells which spec fields it serves.
@@ -56,7 +58,7 @@ CRD_RULE = {
 class KubeRayBackend:
     """Backend protocol on the official Kubernetes client; see the module docstring."""
 
-    features = frozenset({base.Feature.DECLARATIVE, base.Feature.GCS_FAULT_TOLERANCE})
+    features = frozenset({base.Feature.DECLARATIVE, base.Feature.CHANGE_EVENTS, base.Feature.GCS_FAULT_TOLERANCE})
     tenancy = base.Tenancy(
         isolated=True,
         summary="each raypod namespace is a Kubernetes namespace: pods, services and secrets are separated by "
@@ -76,10 +78,20 @@ class KubeRayBackend:
         self._known: dict[str, Key] = {}  # cluster uid -> (namespace, name)
         self._last: dict[str, state.ObservedCluster] = {}
         self._schema: dict[str, Any] | None = None
+        self._listener: Callable[[str], None] = lambda cluster_id: None
         self.clusters = Informer(
             PLURAL,
             functools.partial(
                 self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL, label_selector=MANAGED_SELECTOR
+            ),
+            request_timeout_s=request_timeout_s,
+            on_change=self._raycluster_changed,
+            on_sync_change=self._sync_changed,
+        )
+        self.rayjobs = Informer(
+            "rayjobs",
+            functools.partial(
+                self._custom.list_cluster_custom_object, GROUP, VERSION, "rayjobs", label_selector=MANAGED_SELECTOR
             ),
             request_timeout_s=request_timeout_s,
         )
@@ -88,9 +100,11 @@ class KubeRayBackend:
             functools.partial(self._core.list_pod_for_all_namespaces, label_selector=RAY_POD_SELECTOR),
             request_timeout_s=request_timeout_s,
             on_change=self._index_pod,
+            on_sync_change=self._sync_changed,
         )
         if watch:
             self.clusters.start()
+            self.rayjobs.start()
             self.pods.start()
 
     @classmethod
@@ -179,6 +193,9 @@ class KubeRayBackend:
                 patch,
                 _request_timeout=self._timeout,
             )
+
+    def set_change_listener(self, listener: Callable[[str], None]) -> None:
+        self._listener = listener
 
     def observe(self, cluster_id: str) -> state.ObservedCluster:
         with self._lock:
@@ -282,7 +299,45 @@ class KubeRayBackend:
 
     def close(self) -> None:
         self.clusters.stop()
+        self.rayjobs.stop()
         self.pods.stop()
+
+    # -- RayJobRunner --------------------------------------------------------------------------------------
+
+    def submit_rayjob(self, manifest: dict[str, Any]) -> None:
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        self._call(
+            f"create RayJob {namespace}/{name}",
+            self._custom.create_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            "rayjobs",
+            manifest,
+            _request_timeout=self._timeout,
+        )
+
+    def rayjob_status(self, namespace: str, name: str) -> tuple[str, str] | None:
+        item = self.rayjobs.get(namespace, name)
+        if item is None:
+            return None
+        status = item.get("status") or {}
+        message = str(status.get("message") or status.get("reason") or "")
+        if status.get("jobDeploymentStatus") == "Failed" and status.get("jobStatus") != "SUCCEEDED":
+            return "FAILED", message or "KubeRay could not run the job (jobDeploymentStatus: Failed)"
+        return str(status.get("jobStatus") or "PENDING"), message
+
+    def delete_rayjob(self, namespace: str, name: str) -> None:
+        self._call(
+            f"delete RayJob {namespace}/{name}",
+            self._custom.delete_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            "rayjobs",
+            name,
+            _request_timeout=self._timeout,
+        )
 
     # -- inside --------------------------------------------------------------------------------------------
 
@@ -354,15 +409,35 @@ class KubeRayBackend:
 
     def _index_pod(self, key: Key, pod: dict[str, Any] | None) -> None:
         namespace, pod_name = key
+        changed: list[Key] = []
         with self._lock:
             if pod is None:
-                for (ns, _), pods in self._pods_by_cluster.items():
-                    if ns == namespace:
-                        pods.pop(pod_name, None)
-                return
-            cluster = pod["metadata"].get("labels", {}).get("ray.io/cluster")
-            if cluster:
-                self._pods_by_cluster.setdefault((namespace, cluster), {})[pod_name] = pod
+                for where, pods in self._pods_by_cluster.items():
+                    if where[0] == namespace and pods.pop(pod_name, None) is not None:
+                        changed.append(where)
+            else:
+                cluster = pod["metadata"].get("labels", {}).get("ray.io/cluster")
+                if cluster:
+                    self._pods_by_cluster.setdefault((namespace, cluster), {})[pod_name] = pod
+                    changed.append((namespace, cluster))
+        for where in changed:
+            self._notify(where)
+
+    def _raycluster_changed(self, key: Key, item: dict[str, Any] | None) -> None:
+        self._notify(key)
+
+    def _sync_changed(self, synced: bool) -> None:
+        """A watch failed or recovered: every cluster's observation turns unknown, or known again."""
+        with self._lock:
+            known = list(self._known)
+        for cluster_id in known:
+            self._listener(cluster_id)
+
+    def _notify(self, where: Key) -> None:
+        with self._lock:
+            found = [uid for uid, key in self._known.items() if key == where]
+        for cluster_id in found:
+            self._listener(cluster_id)
 
 
 def rendered(cluster_id: str, spec: spec_mod.ClusterSpec) -> dict[str, Any]:

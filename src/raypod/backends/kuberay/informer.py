@@ -41,12 +41,14 @@ class Informer:
         watch_timeout_s: int = 300,
         request_timeout_s: float = 30.0,
         on_change: Callable[[Key, dict[str, Any] | None], None] | None = None,
+        on_sync_change: Callable[[bool], None] | None = None,
     ) -> None:
         self.kind = kind
         self._list_call = list_call
         self._watch_timeout_s = watch_timeout_s
         self._request_timeout_s = request_timeout_s
         self._on_change = on_change
+        self._on_sync_change = on_sync_change
         self._lock = threading.Lock()
         self._objects: dict[Key, dict[str, Any]] = {}
         self._resource_version = ""
@@ -110,8 +112,10 @@ class Informer:
         failures += 1
         message = api_errors.explain(exc, f"watch {self.kind}")
         with self._lock:
-            self._synced = False
+            was_synced, self._synced = self._synced, False
             self._error = message
+        if was_synced and self._on_sync_change is not None:
+            self._on_sync_change(False)
         delay = min(2.0 ** min(failures, 5) / 4, MAX_BACKOFF_S)
         log.warning("%s; retrying in %.1f s", message, delay)
         self._stop.wait(delay)
@@ -124,9 +128,11 @@ class Informer:
         with self._lock:
             previous, self._objects = self._objects, fresh
             self._resource_version = str(body.get("metadata", {}).get("resourceVersion", ""))
-            self._synced = True
+            was_synced, self._synced = self._synced, True
             self._error = ""
             self.lists += 1
+        if not was_synced and self._on_sync_change is not None:
+            self._on_sync_change(True)
         if self._on_change is not None:
             for key in previous.keys() - fresh.keys():
                 self._on_change(key, None)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import yaml
+
 from raypod import errors
 from raypod import spec as spec_mod
 
@@ -294,3 +296,39 @@ def unknown_fields(document: Any, schema: dict[str, Any], path: str = "") -> lis
             f for index, item in enumerate(document) for f in unknown_fields(item, schema["items"], f"{path}[{index}]")
         ]
     return []
+
+
+def rayjob(
+    spec: spec_mod.ClusterSpec,
+    name: str,
+    *,
+    entrypoint: str,
+    runtime_env: dict[str, Any],
+    max_retries: int,
+    shutdown_after_finish: bool,
+    metadata: dict[str, str],
+) -> dict[str, Any]:
+    """The ``RayJob`` that runs one job on a cluster of its own, shaped as ``spec``: KubeRay starts the cluster,
+    submits the entrypoint, retries a failed job ``backoffLimit`` times (each on a new cluster) and, with
+    ``shutdownAfterJobFinishes``, deletes the cluster when the job ends."""
+    cluster = raycluster(spec)
+    body: dict[str, Any] = {
+        "entrypoint": entrypoint,
+        "rayClusterSpec": cluster["spec"],
+        "backoffLimit": max_retries,
+        "shutdownAfterJobFinishes": shutdown_after_finish,
+        "submissionMode": "K8sJobMode",
+    }
+    if shutdown_after_finish:
+        body["ttlSecondsAfterFinished"] = 0
+    if runtime_env:
+        body["runtimeEnvYAML"] = yaml.safe_dump(runtime_env, sort_keys=True)
+    if metadata:
+        body["metadata"] = dict(metadata)
+    labels = {**cluster["metadata"]["labels"], "raypod.io/cluster": spec.name}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "RayJob",
+        "metadata": {"name": name, "namespace": spec.namespace, "labels": labels},
+        "spec": body,
+    }

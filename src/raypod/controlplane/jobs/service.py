@@ -11,7 +11,8 @@ from typing import BinaryIO, cast
 
 from raypod import errors, state
 from raypod import spec as spec_mod
-from raypod.backends import ray_jobs
+from raypod.backends import base, ray_jobs
+from raypod.backends.kuberay import manifests
 from raypod.controlplane import identity, service, store
 from raypod.controlplane.jobs import packaging
 from raypod.controlplane.jobs.records import TERMINAL_STATUSES, JobRecords
@@ -38,9 +39,42 @@ class JobService:
             attempts=[],
             created_at=store.now(),
         )
-        self.submit_attempt(view, job)
+        if spec.as_rayjob:
+            self._submit_rayjob(view, job)
+        else:
+            self.submit_attempt(view, job)
         self.records.insert(job)
         return job
+
+    def rayjobs(self) -> base.RayJobRunner:
+        """Raises InvalidSpec where the backend cannot run a RayJob."""
+        backend = self.clusters.backend
+        if not isinstance(backend, base.RayJobRunner):
+            raise errors.InvalidSpec(
+                "as_rayjob: a RayJob needs the Kubernetes backend (KubeRay); "
+                "here jobs run through the cluster's job API"
+            )
+        return backend
+
+    def _submit_rayjob(self, view: state.ClusterView, job: state.JobView) -> None:
+        """One RayJob on a cluster of its own shaped as ``view``'s: KubeRay submits and retries it."""
+        uploads = [str(v) for k, v in job.spec.runtime_env.items() if k in ("working_dir", "py_modules")]
+        if any("gcs://" in value for value in uploads):
+            raise errors.InvalidSpec(
+                "runtime_env: a package uploaded to one cluster's GCS cannot reach a RayJob's new cluster; "
+                "use a remote URI (s3://..., https://...)"
+            )
+        manifest = manifests.rayjob(
+            view.spec,
+            job.id,
+            entrypoint=job.spec.entrypoint,
+            runtime_env=job.spec.runtime_env,
+            max_retries=job.spec.max_retries,
+            shutdown_after_finish=not job.spec.keep_cluster,
+            metadata={**job.spec.metadata, "raypod_job": job.id, "raypod_owner": job.owner},
+        )
+        self.rayjobs().submit_rayjob(manifest)
+        job.attempts.append(state.Attempt(submission_id=job.id, submitted_at=store.now()))
 
     def list(self, caller: identity.Principal, namespace: str, cluster: str) -> builtins.list[state.JobView]:
         """Jobs of a cluster, whether submitted through raypod or with plain Ray tooling (marked by origin)."""
@@ -58,7 +92,11 @@ class JobService:
         view = self.clusters.get(caller, job.namespace, job.cluster, identity.Verb.OPERATE)
         self.records.request_stop(job_id)
         if job.attempts and job.status not in TERMINAL_STATUSES:
-            self.api(view).stop(job.attempts[-1].submission_id)
+            if job.spec.as_rayjob:  # its cluster goes with it
+                self.rayjobs().delete_rayjob(job.namespace, job.id)
+                self.records.save(self.records.load(job_id).model_copy(update={"status": state.JobStatus.STOPPED}))
+            else:
+                self.api(view).stop(job.attempts[-1].submission_id)
         return self.records.load(job_id)
 
     def fail(self, job_id: str, reason: str) -> state.JobView:
@@ -86,6 +124,8 @@ class JobService:
         index = len(job.attempts) if attempt is None else attempt
         if not 1 <= index <= len(job.attempts):
             raise errors.NotFound(f"job {job_id} has attempts 1..{len(job.attempts)}, not {index}")
+        if job.spec.as_rayjob:
+            return f"a RayJob's logs are in its submitter pod: kubectl -n {job.namespace} logs job/{job.id}\n"
         view = self.clusters.store.get(job.namespace, job.cluster)
         return self.api(view).logs(job.attempts[index - 1].submission_id)
 

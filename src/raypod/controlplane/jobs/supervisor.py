@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,6 +23,7 @@ from raypod.controlplane.periodic import Periodic
 log = logging.getLogger(__name__)
 
 IMPORT_INTERVAL_S = 3.0
+IMPORT_BATCH = 100
 IMPORTED_PHASES = frozenset({state.ClusterPhase.READY, state.ClusterPhase.DEGRADED})
 LOST_ATTEMPT = "Ray has no record of this attempt: the cluster's head was replaced and its job table with it"
 
@@ -36,6 +38,7 @@ class JobSupervisor(Periodic):
         self.jobs = jobs
         self.import_interval_s = import_interval_s
         self._last_import = 0.0
+        self._import_after: tuple[str, str] | None = None
 
     def run_once(self) -> None:
         self.supervise_once()
@@ -44,17 +47,22 @@ class JobSupervisor(Periodic):
         """Import new plain-Ray jobs (every ``import_interval_s``), then refresh every active job."""
         if time.monotonic() - self._last_import >= self.import_interval_s:
             self._last_import = time.monotonic()
-            self.import_ray_jobs()
+            # A batch of clusters per pass, in turns: each one asks a cluster's job API, so a fleet of thousands
+            # is covered every few passes rather than hammered every few seconds.
+            page = self.jobs.clusters.store.list(after=self._import_after, limit=IMPORT_BATCH)
+            self._import_after = (page[-1].spec.namespace, page[-1].spec.name) if len(page) == IMPORT_BATCH else None
+            self.import_ray_jobs(page)
         for job in self.jobs.records.active():
             try:
                 self._supervise(job)
             except errors.RaypodError as exc:
                 log.warning("job %s: %s", job.id, exc.message)
 
-    def import_ray_jobs(self) -> int:
-        """Record the Ray submissions of each running cluster that raypod did not make; returns how many."""
+    def import_ray_jobs(self, views: Iterable[state.ClusterView] | None = None) -> int:
+        """Record the Ray submissions of each running cluster (of ``views``, or all) that raypod did not make;
+        returns how many."""
         imported = 0
-        for view in self.jobs.clusters.store.list():
+        for view in self.jobs.clusters.store.list() if views is None else views:
             if view.deleting or view.status.phase not in IMPORTED_PHASES:
                 continue
             try:
@@ -84,6 +92,9 @@ class JobSupervisor(Periodic):
                 self.jobs.records.save(job.model_copy(update={"status": state.JobStatus.STOPPED}))
             return
         current = job.attempts[-1]
+        if job.spec.as_rayjob:
+            self._follow_rayjob(job, current)
+            return
         try:
             info = self.jobs.api(view).info(current.submission_id)
         except errors.NotFound:
@@ -99,7 +110,23 @@ class JobSupervisor(Periodic):
             status = retry.STATUS_OF[decision]
         self.jobs.records.save(job.model_copy(update={"status": status, "next_attempt_at": when}))
 
+    def _follow_rayjob(self, job: state.JobView, current: state.Attempt) -> None:
+        """A RayJob's status as KubeRay reports it: KubeRay retries it (backoffLimit), raypod only follows."""
+        found = self.jobs.rayjobs().rayjob_status(job.namespace, job.id)
+        if found is None:
+            return  # not seen yet (the watch is behind, or the API server is away): nothing concluded
+        current.status, current.message = found[0], found[1][:500]
+        status = RAYJOB_STATUSES.get(current.status, state.JobStatus.PENDING)
+        self.jobs.records.save(job.model_copy(update={"status": status}))
 
+
+RAYJOB_STATUSES = {
+    "PENDING": state.JobStatus.PENDING,
+    "RUNNING": state.JobStatus.RUNNING,
+    "SUCCEEDED": state.JobStatus.SUCCEEDED,
+    "FAILED": state.JobStatus.FAILED,
+    "STOPPED": state.JobStatus.STOPPED,
+}
 INTERNAL_JOB = "raypod_internal"  # metadata of jobs raypod runs for itself (Serve deploys): never imported
 
 
