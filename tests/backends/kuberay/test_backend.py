@@ -70,8 +70,8 @@ def kuberay_starts(emulator: Emulator) -> None:
     emulator.start_pod("default", "demo", "", "demo-head-x1", head=True)
     emulator.start_pod("default", "demo", "w", "demo-w-worker-a")
     emulator.start_pod("default", "demo", "w", "demo-w-worker-b")
-    for pod in ("demo-head-x1", "demo-w-worker-a", "demo-w-worker-b"):
-        emulator.run("default", pod)
+    for index, pod in enumerate(("demo-head-x1", "demo-w-worker-a", "demo-w-worker-b")):
+        emulator.run("default", pod, ip=f"10.0.0.{index + 1}")
 
 
 def ready_cluster(db: store.Store, emulator: Emulator, backend: kuberay.KubeRayBackend) -> tuple[str, loop.Reconciler]:
@@ -103,6 +103,8 @@ def test_a_cluster_becomes_a_raycluster_and_kuberays_pods_become_its_nodes(
         ("w-1", state.NodePhase.RUNNING),
     }
     assert ready.status.endpoints["dashboard"].endswith("/services/demo-head-svc:dashboard/proxy")
+    # Prometheus' HTTP discovery lists status' metrics endpoints: KubeRay's pods' IPs on Ray's metrics port.
+    assert {n.metrics_endpoint for n in ready.status.nodes} == {"10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080"}
     patches = len(emulator.handler["patch"])
     for _ in range(5):
         reconciler.reconcile_all()
