@@ -1,0 +1,277 @@
+"""Pure admission: which queued workloads run now, given teams' quotas, what runs, and the pool. No I/O, no clock.
+
+Order: higher priority first; among equal priorities, the team with the smallest share of its quota in use goes
+next (fair share), and a team's own workloads go first come, first served. A workload starts when it fits its
+team's quota, or, for a team allowed to borrow, the quota other teams leave idle (recorded as a borrow); and the
+pool (the machines). A workload the pool cannot hold blocks every workload after it in the order, so a large one
+is not starved by a stream of small ones; one held back only by its own team's quota blocks nobody else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+
+RESOURCES = ("cpus", "memory", "gpus", "clusters", "nodes")
+POOL_RESOURCES = ("cpus", "memory", "gpus")  # what machines hold; counts of clusters and nodes are quotas' only
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpus: float = 0.0
+    memory: int = 0
+    gpus: int = 0
+    clusters: int = 0
+    nodes: int = 0
+
+    def __add__(self, other: Resources) -> Resources:
+        return Resources(*(getattr(self, name) + getattr(other, name) for name in RESOURCES))
+
+    def __sub__(self, other: Resources) -> Resources:
+        return Resources(*(getattr(self, name) - getattr(other, name) for name in RESOURCES))
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A team's limits; None is unlimited. ``borrow``: it may use what other teams' quotas leave idle."""
+
+    cpus: float | None = None
+    memory: int | None = None
+    gpus: int | None = None
+    clusters: int | None = None
+    nodes: int | None = None
+    borrow: bool = False
+
+    def over(self, usage: Resources) -> list[str]:
+        """The resources ``usage`` exceeds, in words: ``cpus 10/8``."""
+        found = []
+        for name in RESOURCES:
+            limit = getattr(self, name)
+            if limit is not None and getattr(usage, name) > limit:
+                found.append(f"{name} {_amount(name, getattr(usage, name))}/{_amount(name, limit)}")
+        return found
+
+
+UNLIMITED = Quota()
+
+
+@dataclass(frozen=True)
+class Workload:
+    id: str
+    team: str
+    priority: int
+    submitted_at: float
+    demand: Resources
+
+
+@dataclass(frozen=True)
+class Running:
+    workload: Workload
+    borrowed: bool = False  # it runs on quota another team left idle: the first to give it back
+
+
+@dataclass(frozen=True)
+class Admission:
+    admitted: list[str] = field(default_factory=list)
+    borrowed: list[str] = field(default_factory=list)  # of admitted: beyond their team's own quota
+    preempted: dict[str, str] = field(default_factory=dict)  # running id -> why it must stop (gracefully)
+    waiting: dict[str, str] = field(default_factory=dict)  # id -> why, in queue order
+    positions: dict[str, int] = field(default_factory=dict)  # id -> 1-based place in the order
+
+
+def order(queue: Iterable[Workload], usage: Mapping[str, Resources], quotas: Mapping[str, Quota]) -> list[Workload]:
+    """Priority, then fair share between teams (smallest share of quota in use first), then submission time."""
+    by_priority: dict[int, dict[str, list[Workload]]] = {}
+    for item in sorted(queue, key=lambda w: (w.submitted_at, w.id)):
+        by_priority.setdefault(item.priority, {}).setdefault(item.team, []).append(item)
+    used = dict(usage)
+    ordered: list[Workload] = []
+    for priority in sorted(by_priority, reverse=True):
+        teams = by_priority[priority]
+        while teams:
+            team = min(
+                teams,
+                key=lambda t: (share(used.get(t, Resources()), quotas.get(t, UNLIMITED)), teams[t][0].submitted_at, t),
+            )
+            item = teams[team].pop(0)
+            if not teams[team]:
+                del teams[team]
+            ordered.append(item)
+            used[team] = used.get(team, Resources()) + item.demand
+    return ordered
+
+
+def admit(
+    queue: Iterable[Workload],
+    running: Iterable[Running],
+    quotas: Mapping[str, Quota],
+    pool: Resources | None,
+) -> Admission:
+    """Decide the queue against what runs, ``quotas`` and ``pool`` (None: unlimited).
+
+    Preemption (the caller stops them gracefully, then they are queued again): borrowed workloads whose lenders
+    now need their quota back, and, for the first workload the pool cannot hold, lower-priority workloads whose
+    end makes room (borrowed ones first, then the lowest priority, newest first)."""
+    current, items = list(running), list(queue)
+    used: dict[str, Resources] = {}
+    lent: dict[str, Resources] = {}
+    for run in current:
+        team = run.workload.team
+        used[team] = used.get(team, Resources()) + run.workload.demand
+        if run.borrowed:
+            lent[team] = lent.get(team, Resources()) + run.workload.demand
+    result = Admission()
+    pool_blocked = False
+    for position, item in enumerate(order(items, used, quotas), start=1):
+        result.positions[item.id] = position
+        quota = quotas.get(item.team, UNLIMITED)
+        own = used.get(item.team, Resources()) - lent.get(item.team, Resources())
+        over = quota.over(own + item.demand)
+        borrow = False
+        if over and quota.borrow and _fits(_limited(item.demand, quota), _idle(used, lent, quotas, item.team)):
+            over, borrow = [], True  # the whole workload runs on borrowed quota: it is the first to give it back
+        if over:
+            result.waiting[item.id] = f"team {item.team} is at its quota: " + ", ".join(over)
+            continue
+        if pool_blocked:
+            result.waiting[item.id] = "behind a workload the pool cannot hold yet"
+            continue
+        total = sum(used.values(), Resources()) + item.demand
+        if pool is not None and not _fits(_machines(total), pool):
+            pool_blocked = True
+            short = [n for n in POOL_RESOURCES if getattr(total, n) > getattr(pool, n)]
+            why = "the pool is full: " + ", ".join(
+                f"{n} {_amount(n, getattr(total, n))}/{_amount(n, getattr(pool, n))}" for n in short
+            )
+            victims = _make_room(item, current, _machines(total - pool), result.preempted)
+            for victim in victims:
+                result.preempted[victim] = f"preempted for {item.id} (priority {item.priority})"
+            result.waiting[item.id] = why + (f"; preempting {', '.join(victims)}" if victims else "")
+            continue
+        result.admitted.append(item.id)
+        used[item.team] = used.get(item.team, Resources()) + item.demand
+        if borrow:
+            result.borrowed.append(item.id)
+            lent[item.team] = lent.get(item.team, Resources()) + item.demand
+    queued = {item.id: item for item in items}
+    for late in reversed(list(result.borrowed)):  # lenders admitted after a borrow in this pass come first
+        if _within_idle(used, lent, quotas):
+            break
+        item = queued[late]
+        result.admitted.remove(late)
+        result.borrowed.remove(late)
+        result.waiting[late] = "the quota it would borrow is needed by the team that lends it"
+        used[item.team] = used[item.team] - item.demand
+        lent[item.team] = lent[item.team] - item.demand
+    for victim in _reclaim(current, used, lent, quotas, result.preempted):
+        result.preempted[victim] = "its borrowed quota is needed back by the team that lent it"
+    return result
+
+
+def _make_room(item: Workload, current: list[Running], excess: Resources, taken: Mapping[str, str]) -> list[str]:
+    """Lower-priority running workloads whose end frees ``excess`` (borrowed first, lowest priority, newest)."""
+    candidates = sorted(
+        (r for r in current if r.workload.priority < item.priority and r.workload.id not in taken),
+        key=lambda r: (not r.borrowed, r.workload.priority, -r.workload.submitted_at),
+    )
+    chosen: list[str] = []
+    freed = Resources()
+    for run in candidates:
+        if _fits(_positive(excess), freed):
+            break
+        chosen.append(run.workload.id)
+        freed = freed + run.workload.demand
+    return chosen if _fits(_positive(excess), freed) else []
+
+
+def _reclaim(
+    current: list[Running],
+    used: Mapping[str, Resources],
+    lent: Mapping[str, Resources],
+    quotas: Mapping[str, Quota],
+    taken: Mapping[str, str],
+) -> list[str]:
+    """Borrowed workloads to stop so what is borrowed fits again in what the lenders leave idle."""
+    chosen: list[str] = []
+    borrowed = sorted(
+        (r for r in current if r.borrowed and r.workload.id not in taken),
+        key=lambda r: (r.workload.priority, -r.workload.submitted_at),
+    )
+    remaining = {team: Resources() + amount for team, amount in lent.items()}
+    still_used = {team: Resources() + amount for team, amount in used.items()}
+    for run in borrowed:
+        if _within_idle(still_used, remaining, quotas):
+            break
+        borrower = run.workload.team
+        chosen.append(run.workload.id)
+        remaining[borrower] = remaining[borrower] - run.workload.demand
+        still_used[borrower] = still_used[borrower] - run.workload.demand
+    return chosen
+
+
+def _within_idle(used: Mapping[str, Resources], lent: Mapping[str, Resources], quotas: Mapping[str, Quota]) -> bool:
+    """Whether everything borrowed still fits in the quota its lenders leave idle."""
+    idle = {name: 0.0 for name in RESOURCES}
+    for team, quota in quotas.items():
+        own = used.get(team, Resources()) - lent.get(team, Resources())
+        for name in RESOURCES:
+            limit = getattr(quota, name)
+            if limit is not None:
+                idle[name] += max(0.0, limit - getattr(own, name))
+    borrowed = sum(lent.values(), Resources())
+    limited = [name for name in RESOURCES if any(getattr(q, name) is not None for q in quotas.values())]
+    return all(getattr(borrowed, name) <= idle[name] + 1e-9 for name in limited)
+
+
+def _machines(value: Resources) -> Resources:
+    return Resources(cpus=value.cpus, memory=value.memory, gpus=value.gpus)
+
+
+def _positive(value: Resources) -> Resources:
+    return Resources(*(max(0, getattr(value, name)) for name in RESOURCES))
+
+
+def share(usage: Resources, quota: Quota) -> float:
+    """The dominant share: the largest fraction of any limited resource in use (0 without limits)."""
+    fractions = [
+        getattr(usage, name) / limit for name in RESOURCES if (limit := getattr(quota, name)) is not None and limit > 0
+    ]
+    return max(fractions, default=0.0)
+
+
+def _idle(
+    used: Mapping[str, Resources], lent: Mapping[str, Resources], quotas: Mapping[str, Quota], borrower: str
+) -> Resources:
+    """What other teams' quotas leave unused, less what borrowers already use of it (limited resources only)."""
+    idle = {name: 0.0 for name in RESOURCES}
+    for team, quota in quotas.items():
+        if team == borrower:
+            continue
+        own = used.get(team, Resources()) - lent.get(team, Resources())
+        for name in RESOURCES:
+            limit = getattr(quota, name)
+            if limit is not None:
+                idle[name] += max(0.0, limit - getattr(own, name))
+    borrowed = sum(lent.values(), Resources())
+    return Resources(
+        cpus=idle["cpus"] - borrowed.cpus,
+        memory=int(idle["memory"] - borrowed.memory),
+        gpus=int(idle["gpus"] - borrowed.gpus),
+        clusters=int(idle["clusters"] - borrowed.clusters),
+        nodes=int(idle["nodes"] - borrowed.nodes),
+    )
+
+
+def _limited(demand: Resources, quota: Quota) -> Resources:
+    """The part of ``demand`` that ``quota`` limits (what borrowing must cover)."""
+    return Resources(*(getattr(demand, n) if getattr(quota, n) is not None else 0 for n in RESOURCES))
+
+
+def _fits(demand: Resources, room: Resources) -> bool:
+    return all(getattr(demand, f.name) <= getattr(room, f.name) for f in fields(Resources) if getattr(demand, f.name))
+
+
+def _amount(name: str, value: float) -> str:
+    if name == "memory":
+        return f"{value / 2**30:.1f}Gi"
+    return f"{value:g}"
