@@ -69,6 +69,33 @@ def _float_env(name: str, default: float) -> float:
         raise errors.InvalidSpec(f"environment variable {name}={raw!r} is not a number") from None
 
 
+DEFAULT_PRIORITY_CLASSES = {"low": 0, "normal": 100, "high": 1000}
+
+
+def _priority_classes(raw: str | None) -> dict[str, int]:
+    """``low=0,normal=100,high=1000``; ``normal`` must be among them (it is every spec's default)."""
+    if not raw:
+        return dict(DEFAULT_PRIORITY_CLASSES)
+    classes: dict[str, int] = {}
+    for part in raw.split(","):
+        name, _, value = part.strip().partition("=")
+        try:
+            classes[name.strip()] = int(value)
+        except ValueError:
+            raise errors.InvalidSpec(f"RAYPOD_PRIORITY_CLASSES: '{part}' is not name=integer") from None
+    if "normal" not in classes:
+        raise errors.InvalidSpec("RAYPOD_PRIORITY_CLASSES must define 'normal' (every spec's default)")
+    return classes
+
+
+def _optional_float_env(name: str) -> float | None:
+    return _float_env(name, -1.0) if os.environ.get(name) else None
+
+
+def _optional_int(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
 def _choice_env(name: str, choices: tuple[str, ...], default: str) -> str:
     raw = os.environ.get(name) or default
     if raw not in choices:
@@ -107,6 +134,12 @@ class Settings:
     tls_key: Path | None = None
     tls_ca: Path | None = None  # the CA clients should trust (raypod's local CA for its own certificate)
     tls: bool = True
+    # Governance: priority classes by name (higher runs first and may preempt), and the pool admission fills (None:
+    # what the backend says its machines hold; CPUs are Ray's logical ones, unlimited unless set).
+    priority_classes: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PRIORITY_CLASSES))
+    pool_cpus: float | None = None
+    pool_memory: int | None = None
+    pool_gpus: int | None = None
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -126,6 +159,10 @@ class Settings:
             "max_json_body_bytes": int(_float_env("RAYPOD_MAX_JSON_BODY_BYTES", 2**20)),
             "max_upload_bytes": int(_float_env("RAYPOD_MAX_UPLOAD_BYTES", 100 * 2**20)),
             "isolation": _choice_env("RAYPOD_ISOLATION", ("auto", "off"), "auto"),
+            "priority_classes": _priority_classes(os.environ.get("RAYPOD_PRIORITY_CLASSES")),
+            "pool_cpus": _optional_float_env("RAYPOD_POOL_CPUS"),
+            "pool_memory": _optional_int(_optional_float_env("RAYPOD_POOL_MEMORY")),
+            "pool_gpus": _optional_int(_optional_float_env("RAYPOD_POOL_GPUS")),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

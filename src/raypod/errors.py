@@ -84,6 +84,13 @@ class Conflict(RaypodError):
     http_status = 409
 
 
+class QuotaExceeded(RaypodError):
+    """Work beyond a team's quota, where the team's policy rejects rather than queues it."""
+
+    code = "quota_exceeded"
+    http_status = 409
+
+
 class InsufficientCapacity(RaypodError):
     code = "insufficient_capacity"
     http_status = 422

@@ -574,6 +574,12 @@ class ClusterSpec(_Strict):
     health_checks: list[HealthCheckSpec] = Field(default_factory=list, max_length=MAX_HEALTH_CHECKS)
     hangwatch: HangwatchSpec = Field(default_factory=HangwatchSpec)
     spaces: list[SpaceSpec] = Field(default_factory=list, max_length=MAX_SPACES, description="Workspaces.")
+    priority: str = Field(
+        "normal",
+        max_length=63,
+        pattern=DNS1123_LABEL.pattern,
+        description="Priority class (low, normal, high unless configured): the queue's order and preemption.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -913,3 +919,21 @@ def parse_autoscale(value: str) -> tuple[int, int]:
     if not sep or not low.strip().isdigit() or not high.strip().isdigit():
         raise ValueError(f"autoscale must be MIN:MAX (e.g. 1:4), not {value!r}")
     return int(low), int(high)
+
+
+class QuotaPolicy(StrEnum):
+    QUEUE = "queue"  # work beyond the quota waits in the queue
+    REJECT = "reject"  # work beyond the quota is refused
+
+
+class QuotaSpec(BaseModel):
+    """A team's limits on what its clusters may hold together; an absent limit is no limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    cpus: float | None = Field(None, ge=0, le=1_000_000, description="Ray CPUs of all nodes together.")
+    memory: ByteSize | None = Field(None, description="Ray memory plus object store of all nodes together.")
+    gpus: int | None = Field(None, ge=0, le=100_000)
+    clusters: int | None = Field(None, ge=0, le=100_000)
+    nodes: int | None = Field(None, ge=0, le=1_000_000)
+    policy: QuotaPolicy = QuotaPolicy.QUEUE
+    borrow: bool = Field(False, description="May use quota other teams leave idle (given back on demand).")

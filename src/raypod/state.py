@@ -29,6 +29,7 @@ class ClusterPhase(StrEnum):
     READY = "Ready"
     DEGRADED = "Degraded"
     DELETING = "Deleting"
+    QUEUED = "Queued"  # governance: waiting for its team's quota or the pool (no node runs)
     FAILED = "Failed"
     UNKNOWN = "Unknown"  # raypod cannot observe the cluster right now (its GCS does not answer)
 
@@ -141,6 +142,8 @@ class ClusterView(BaseModel):
     generation: int
     created_at: datetime
     deleting: bool = False
+    queued: bool = Field(False, description="Waiting in the governance queue: no node runs until it is admitted.")
+    queue_reason: str = ""
 
 
 # -- jobs ----------------------------------------------------------------------------------------------------
@@ -350,3 +353,24 @@ class DeploymentView(BaseModel):
     replicas: list[ServeReplica] = Field(default_factory=list)
     openai_base_url: str = Field("", description="Path of the OpenAI-compatible API on raypod's server.")
     deploy_job: str = ""
+
+
+# -- governance ----------------------------------------------------------------------------------------------
+
+
+class QuotaView(BaseModel):
+    team: str
+    quota: spec_mod.QuotaSpec
+    usage: dict[str, float] = Field(description="What the team's admitted clusters hold: cpus, memory, gpus, ...")
+    borrowed: dict[str, float] = Field(default_factory=dict, description="Of the usage, what runs on borrowed quota.")
+    queued: int = 0
+
+
+class QueueEntry(BaseModel):
+    namespace: str
+    name: str
+    team: str
+    priority: str
+    position: int
+    reason: str
+    submitted_at: datetime

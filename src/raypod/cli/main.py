@@ -10,7 +10,7 @@ import typer
 from typer.core import TyperGroup
 
 from raypod import config, errors, state
-from raypod.cli import cluster, daemon, identities, job, model, monitoring, node, output, serve, space
+from raypod.cli import cluster, daemon, identities, job, model, monitoring, node, output, quota, serve, space
 from raypod.client import Client, connection_settings
 
 
@@ -39,6 +39,8 @@ app.add_typer(model.app, name="model")
 app.add_typer(serve.app, name="serve")
 app.add_typer(space.app, name="space")
 app.add_typer(monitoring.app, name="monitoring")
+app.add_typer(quota.app, name="quota")
+app.add_typer(quota.queue_app, name="queue")
 app.add_typer(identities.token_app, name="token")
 app.add_typer(identities.user_app, name="user")
 app.add_typer(identities.team_app, name="team")

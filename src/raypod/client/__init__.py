@@ -412,6 +412,30 @@ class Namespaces:
         return [state.NamespaceInfo.model_validate(n) for n in self._t.request("GET", "/api/v1/namespaces")]
 
 
+class Quotas:
+    """Teams' quotas (team admins set them) and the queue of clusters waiting for admission."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    def set(self, team: str, quota: spec_mod.QuotaSpec | dict[str, Any]) -> state.QuotaView:
+        body = quota.model_dump(mode="json", exclude_none=True) if isinstance(quota, spec_mod.QuotaSpec) else quota
+        return state.QuotaView.model_validate(self._t.request("PUT", f"/api/v1/teams/{_name(team)}/quota", json=body))
+
+    def get(self, team: str) -> state.QuotaView:
+        return state.QuotaView.model_validate(self._t.request("GET", f"/api/v1/teams/{_name(team)}/quota"))
+
+    def list(self) -> builtins.list[state.QuotaView]:
+        return [state.QuotaView.model_validate(q) for q in self._t.request("GET", "/api/v1/quotas")]
+
+    def delete(self, team: str) -> None:
+        self._t.request("DELETE", f"/api/v1/teams/{_name(team)}/quota")
+
+    def queue(self) -> builtins.list[state.QueueEntry]:
+        """What waits, in the order it will be admitted, with why."""
+        return [state.QueueEntry.model_validate(q) for q in self._t.request("GET", "/api/v1/queue")]
+
+
 class Monitoring:
     """What Prometheus discovers, raypod's own metrics and a cluster's console charts."""
 
@@ -485,6 +509,7 @@ class Client:
         self.teams = Teams(self._transport)
         self.namespaces = Namespaces(self._transport)
         self.monitoring = Monitoring(self._transport)
+        self.quotas = Quotas(self._transport)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """Call any API route with this client's credentials; errors raise raypod.errors classes."""

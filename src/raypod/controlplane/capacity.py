@@ -44,8 +44,8 @@ def check_capacity(
 
     others = list(others)
     if capacity.memory_bytes is not None:
-        needed = _memory(spec, capacity)
-        used = sum(_memory(other, capacity) for other in others)
+        needed = memory_needed(spec, capacity)
+        used = sum(memory_needed(other, capacity) for other in others)
         if used + needed > capacity.memory_bytes:
             raise errors.InsufficientCapacity(
                 f"cluster '{spec.name}' needs {_gib(needed)} of memory ({len(nodes)} nodes: Ray memory, object "
@@ -65,7 +65,8 @@ def check_capacity(
             )
 
 
-def _memory(spec: spec_mod.ClusterSpec, capacity: base.HostCapacity) -> int:
+def memory_needed(spec: spec_mod.ClusterSpec, capacity: base.HostCapacity) -> int:
+    """What the nodes of ``spec`` take of the host: Ray memory, object store and the processes themselves."""
     return sum(
         node.memory
         + node.object_store_memory

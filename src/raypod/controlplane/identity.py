@@ -186,6 +186,10 @@ class IdentityService:
         _check_name(name, "team name")
         self._insert(teams, {"name": name, "created_at": store.now()}, f"team '{name}'")
 
+    def team_exists(self, team: str) -> bool:
+        with self.engine.connect() as connection:
+            return connection.execute(sa.select(teams.c.name).where(teams.c.name == team)).first() is not None
+
     def add_member(self, team: str, user: str, role: state.Role) -> None:
         self.user(user)
         self._require(teams, teams.c.name == team, f"team '{team}' not found")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 from raypod import actions, errors, state
@@ -35,6 +36,7 @@ class Reconciler:
         settings: plan.PlanSettings = plan.DEFAULT_SETTINGS,
         gcs_unreachable_timeout_s: float = status.DEFAULT_GCS_UNREACHABLE_TIMEOUT_S,
         health: HealthMonitor | None = None,
+        scheduler: Callable[[], None] | None = None,
     ) -> None:
         self.store = db
         self.backend = backend
@@ -43,6 +45,7 @@ class Reconciler:
         self.interval_s = interval_s
         self.settings = settings
         self.gcs_unreachable_timeout_s = gcs_unreachable_timeout_s
+        self.scheduler = scheduler  # governance: admits queued clusters and preempts, once a pass
         self._wake = threading.Event()
         # Clusters whose spec changed (the API says which): reconciled before the rest of a pass, so a user's change
         # is acted on in milliseconds however many clusters a pass sweeps.
@@ -89,6 +92,11 @@ class Reconciler:
     def reconcile_all(self) -> bool:
         """Reconcile every cluster once, changed ones first and again whenever one changes during the pass; return
         whether all of them are settled (ready, nothing to do)."""
+        if self.scheduler is not None:
+            try:
+                self.scheduler()
+            except Exception:
+                log.exception("admission pass failed")
         done: set[str] = set()
         is_settled = self._reconcile_changed(done)
         for view in self.store.list():
@@ -136,7 +144,8 @@ class Reconciler:
         """One pass for one cluster; return whether it is settled."""
         if base.Feature.DECLARATIVE in self.backend.features:
             try:
-                self.backend.apply(view.uid, view.spec, deleting=view.deleting)
+                # A queued cluster has no object on the backend: KubeRay would start its pods.
+                self.backend.apply(view.uid, view.spec, deleting=view.deleting or view.queued)
             except errors.RaypodError as exc:  # observed all the same: what cannot be seen shows as unknown
                 self._record(view, state.EventType.WARNING, "FailedToApply", exc.message[:2000], None)
                 self._back_off(view.uid)
@@ -156,15 +165,19 @@ class Reconciler:
             return True  # nothing changed since a pass found it settled: at fleet scale most clusters, most passes
         self._quiet.pop(view.uid, None)
         recovery = self._recovery(view, observed, healths)
-        planned = plan.plan(
-            view.spec,
-            observed,
-            deleting=view.deleting,
-            now=time.time(),
-            features=self.backend.features,
-            settings=self.settings,
-            recovery=recovery,
-        )
+        parked = view.queued and not view.deleting
+        if parked:
+            planned = plan.park(observed, now=time.time(), features=self.backend.features, settings=self.settings)
+        else:
+            planned = plan.plan(
+                view.spec,
+                observed,
+                deleting=view.deleting,
+                now=time.time(),
+                features=self.backend.features,
+                settings=self.settings,
+                recovery=recovery,
+            )
 
         def record(kind: state.EventType, reason: str, message: str, node: str | None) -> None:
             self._record(view, kind, reason, message, node)
@@ -195,6 +208,10 @@ class Reconciler:
             cordoned=recovery.cordoned,
             held_groups=recovery.held_groups,
         )
+        if parked:
+            derived = derived.model_copy(
+                update={"phase": state.ClusterPhase.QUEUED, "message": f"queued: {view.queue_reason}"}
+            )
         self._record_transitions(view, view.status, derived)
         if derived != view.status:
             self.store.save_status(view.uid, derived)

@@ -171,6 +171,23 @@ def _recover(
     return None
 
 
+def park(
+    observed: state.ObservedCluster,
+    *,
+    now: float,
+    features: frozenset[base.Feature],
+    settings: PlanSettings = DEFAULT_SETTINGS,
+) -> list[actions.Action]:
+    """A queued or preempted cluster runs no node: workers are drained first where the backend can (their work
+    has the drain's time to finish or checkpoint), then removed; the head goes last. Unknown nodes are left."""
+    workers = [node for node in _workers(observed) if node.phase is not state.NodePhase.UNKNOWN]
+    planned = [found for node in workers if (found := _retire(node, now, features, settings)) is not None]
+    head = observed.nodes.get(HEAD)
+    if not workers and head is not None and head.phase is not state.NodePhase.UNKNOWN:
+        planned.append(actions.DeleteNode(head.name, "DeletedNode", "queued: its nodes wait for admission"))
+    return planned
+
+
 def _plan_deletion(observed: state.ObservedCluster) -> list[actions.Action]:
     if not observed.nodes:
         return [actions.ReleaseCluster()]

@@ -19,7 +19,19 @@ clusters = sa.Table(
     sa.Column("deleting", sa.Boolean, nullable=False, default=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    # Governance: a queued cluster runs no node until admitted (or again, once preempted); the reason says why.
+    sa.Column("queued", sa.Boolean, nullable=False, default=False, server_default=sa.false()),
+    sa.Column("queue_reason", sa.Text, nullable=False, default="", server_default=""),
     sa.UniqueConstraint("namespace", "name", name="uq_clusters_namespace_name"),
+)
+
+quotas = sa.Table(
+    "quotas",
+    metadata,
+    sa.Column("team", sa.String(63), primary_key=True),
+    sa.Column("spec", sa.Text, nullable=False),
+    sa.Column("updated_by", sa.String(63), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
 )
 
 events = sa.Table(

@@ -11,6 +11,7 @@ from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.backends import base
 from raypod.controlplane import capacity, identity, store
+from raypod.controlplane.governance import GovernanceService
 
 Principal = identity.Principal
 Verb = identity.Verb
@@ -25,11 +26,13 @@ class ClusterService:
         backend: base.Backend,
         identities: identity.IdentityService,
         wake: Callable[[str], None] = lambda uid: None,
+        governance: GovernanceService | None = None,
     ) -> None:
         self.store = db
         self.backend = backend
         self.identities = identities
         self.wake = wake
+        self.governance = governance
 
     def authorize(self, caller: Principal, verb: identity.Verb, namespace: str, owner: str | None = None) -> None:
         identity.authorize(caller, verb, namespace, self.identities.namespace_team(namespace), owner)
@@ -45,9 +48,17 @@ class ClusterService:
         if spec.owner is None or not caller.is_admin:
             spec = spec.model_copy(update={"owner": caller.user})
         capacity.check_features(spec, self.backend.features)
-        self.check_capacity(spec)
-        view = self.store.insert(spec)
+        queued, reason = False, ""
+        if self.governance is None:
+            self.check_capacity(spec)
+        else:
+            # What can never fit is refused; what does not fit beside the others, or beyond the team's quota, waits.
+            capacity.check_capacity(spec, [], self.backend.capacity())
+            queued, reason = self.governance.on_create(spec)
+        view = self.store.insert(spec, queued=queued, reason=reason)
         self.store.record(view, state.EventType.NORMAL, "Created", _summary(spec))
+        if queued:
+            self.store.record(view, state.EventType.NORMAL, "Queued", f"queued: {reason}")
         self.wake(view.uid)
         return view
 
@@ -104,6 +115,8 @@ class ClusterService:
         scaled = view.spec.with_replicas(group, replicas)
         if replicas > before:
             self.check_capacity(scaled, excluding=view.uid)
+            if self.governance is not None:
+                self.governance.check_scale(view, scaled)
         self.store.update_spec(view.uid, scaled)
         self.store.record(
             view, state.EventType.NORMAL, "Scaled", f"worker group {group}: {before} -> {replicas} replicas"

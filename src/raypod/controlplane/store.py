@@ -21,7 +21,7 @@ from sqlalchemy import event as sa_event
 
 from raypod import errors, state
 from raypod import spec as spec_mod
-from raypod.controlplane.schema import clusters, events, hang_detections, node_requests
+from raypod.controlplane.schema import clusters, events, hang_detections, node_requests, quotas
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -75,8 +75,9 @@ class Store:
 
     # -- clusters ------------------------------------------------------------------------------------------
 
-    def insert(self, spec: spec_mod.ClusterSpec) -> state.ClusterView:
-        """Raises AlreadyExists when the namespace already has a cluster of that name."""
+    def insert(self, spec: spec_mod.ClusterSpec, *, queued: bool = False, reason: str = "") -> state.ClusterView:
+        """Raises AlreadyExists when the namespace already has a cluster of that name. ``queued``: it waits in the
+        governance queue (``reason``: why; or, admitted, a note such as borrowed)."""
         created = now()
         row = {
             "uid": uuid.uuid4().hex[:16],
@@ -88,6 +89,8 @@ class Store:
             "deleting": False,
             "created_at": created,
             "updated_at": created,
+            "queued": queued,
+            "queue_reason": reason,
         }
         try:
             with self.engine.begin() as connection:
@@ -162,6 +165,27 @@ class Store:
                 .where(clusters.c.uid == uid)
                 .values(spec=spec.model_dump_json(), generation=clusters.c.generation + 1, updated_at=now())
             )
+
+    def set_queued(self, uid: str, queued: bool, reason: str = "") -> None:
+        """Queue the cluster (``reason``: why it waits) or admit it (``reason``: a note, such as borrowed)."""
+        with self.engine.begin() as connection:
+            values = {"queued": queued, "queue_reason": reason, "updated_at": now()}
+            connection.execute(clusters.update().where(clusters.c.uid == uid).values(**values))
+
+    # -- quotas ------------------------------------------------------------------------------------------
+
+    def quotas(self) -> dict[str, spec_mod.QuotaSpec]:
+        with self.engine.connect() as connection:
+            rows = connection.execute(sa.select(quotas.c.team, quotas.c.spec)).all()
+        return {row.team: spec_mod.QuotaSpec.model_validate_json(row.spec) for row in rows}
+
+    def set_quota(self, team: str, quota: spec_mod.QuotaSpec | None, by: str) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(quotas.delete().where(quotas.c.team == team))
+            if quota is not None:
+                connection.execute(
+                    quotas.insert().values(team=team, spec=quota.model_dump_json(), updated_by=by, updated_at=now())
+                )
 
     def mark_deleting(self, uid: str) -> None:
         with self.engine.begin() as connection:
@@ -328,6 +352,8 @@ def _view(row: sa.Row[tuple[object, ...]]) -> state.ClusterView:
         generation=mapping["generation"],
         created_at=aware(mapping["created_at"]),
         deleting=bool(mapping["deleting"]),
+        queued=bool(mapping["queued"]),
+        queue_reason=mapping["queue_reason"],
     )
 
 

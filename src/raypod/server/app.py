@@ -12,10 +12,11 @@ from fastapi import FastAPI
 import raypod
 from raypod import backends, config
 from raypod.backends import base
-from raypod.controlplane import hangs, identity, jobs, loop, plan, service, serving, spaces, store
+from raypod.controlplane import governance, hangs, identity, jobs, loop, plan, service, serving, spaces, store
 from raypod.server import console, gateway, limits
 from raypod.server import errors as server_errors
 from raypod.server.routes import clusters, identities, monitoring
+from raypod.server.routes import governance as governance_routes
 from raypod.server.routes import jobs as job_routes
 from raypod.server.routes import serving as serving_routes
 from raypod.server.routes import spaces as space_routes
@@ -33,22 +34,34 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         chosen = backend or backends.create_backend(settings)
         if not chosen.tenancy.isolated:
             log.warning("tenancy: %s", chosen.tenancy.summary)
+        ids = identity.IdentityService(db)
+        governor = governance.GovernanceService(
+            db,
+            ids,
+            chosen,
+            priority_classes=settings.priority_classes,
+            pool_cpus=settings.pool_cpus,
+            pool_memory=settings.pool_memory,
+            pool_gpus=settings.pool_gpus,
+        )
         reconciler = loop.Reconciler(
             db,
             chosen,
+            scheduler=governor.schedule,
             interval_s=settings.reconcile_interval_s,
             settings=plan.PlanSettings(
                 drain_timeout_s=settings.drain_timeout_s, node_start_timeout_s=settings.node_start_timeout_s
             ),
             gcs_unreachable_timeout_s=settings.gcs_unreachable_timeout_s,
         )
-        ids = identity.IdentityService(db)
+        governor.wake = reconciler.wake
         ca_file = (settings.tls_ca or settings.tls_cert) if settings.tls else None
         if ids.bootstrap(settings.home / "credentials", settings.public_url, ca_file):
             log.info("first start: admin credentials written to %s (mode 0600)", settings.home / "credentials")
         app.state.settings = settings
         app.state.identities = ids
-        app.state.clusters = service.ClusterService(db, chosen, ids, wake=reconciler.wake)
+        app.state.clusters = service.ClusterService(db, chosen, ids, wake=reconciler.wake, governance=governor)
+        app.state.governance = governor
         app.state.gateway_routes = gateway.RouteCache(app.state.clusters)
         app.state.jobs = jobs.JobService(app.state.clusters)
         app.state.serving = serving.ServingService(app.state.clusters, serving.ModelCatalog(db.engine))
@@ -97,6 +110,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
     app.include_router(job_routes.router)
     app.include_router(serving_routes.router)
     app.include_router(space_routes.router)
+    app.include_router(governance_routes.router)
     app.include_router(monitoring.router)
     app.include_router(identities.login_router)
     app.include_router(gateway.router)

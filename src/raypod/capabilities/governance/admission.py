@@ -221,7 +221,7 @@ def admit(
                 why = "the pool is full: " + ", ".join(
                     f"{n} {_amount(n, getattr(total, n))}/{_amount(n, getattr(pool, n))}" for n in short
                 )
-                victims = _make_room(item, current, _machines(total - pool), result.preempted)
+                victims = _make_room(item, current, _machines(total - pool), result.preempted, within_quota=not borrow)
                 for victim in victims:
                     result.preempted[victim] = f"preempted for {item.id} (priority {item.priority})"
                 result.waiting[item.id] = why + (f"; preempting {', '.join(victims)}" if victims else "")
@@ -251,10 +251,19 @@ def admit(
     return replace(result, blocked_by=blocked.id if blocked else None)
 
 
-def _make_room(item: Workload, current: list[Running], excess: Resources, taken: Mapping[str, str]) -> list[str]:
-    """Lower-priority running workloads whose end frees ``excess`` (borrowed first, lowest priority, newest)."""
+def _make_room(
+    item: Workload, current: list[Running], excess: Resources, taken: Mapping[str, str], *, within_quota: bool
+) -> list[str]:
+    """Running workloads whose end frees ``excess``: lower-priority ones, and, for a workload within its own team's
+    quota, any running on borrowed quota (borrowed first, then the lowest priority, newest first)."""
+
+    def may_go(run: Running) -> bool:
+        return run.workload.priority < item.priority or (
+            within_quota and run.borrowed and run.workload.team != item.team
+        )
+
     candidates = sorted(
-        (r for r in current if r.workload.priority < item.priority and r.workload.id not in taken),
+        (r for r in current if may_go(r) and r.workload.id not in taken),
         key=lambda r: (not r.borrowed, r.workload.priority, -r.workload.submitted_at),
     )
     chosen: list[str] = []

@@ -1,0 +1,105 @@
+"""``raypod quota ...`` and ``raypod queue list``: teams' quotas, and the clusters waiting for admission."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from raypod import spec as spec_mod
+from raypod import state
+from raypod.cli import cluster as cluster_cli
+from raypod.cli import output
+from raypod.cli.output import Format
+
+app = typer.Typer(help="Teams' quotas: what their clusters may hold together.", no_args_is_help=True)
+queue_app = typer.Typer(help="Clusters waiting for their team's quota or for the pool.", no_args_is_help=True)
+OutputOpt = Annotated[Format, typer.Option("--output", "-o", help="table, json or yaml.")]
+
+
+@app.command("set")
+def set_(
+    team: str,
+    cpus: Annotated[float | None, typer.Option(help="Ray CPUs of all the team's nodes together.")] = None,
+    memory: Annotated[str | None, typer.Option(help="Memory plus object store, e.g. 64Gi.")] = None,
+    gpus: Annotated[int | None, typer.Option()] = None,
+    clusters: Annotated[int | None, typer.Option()] = None,
+    nodes: Annotated[int | None, typer.Option()] = None,
+    policy: Annotated[str, typer.Option(help="queue (work beyond the quota waits) or reject.")] = "queue",
+    borrow: Annotated[bool, typer.Option(help="May use quota other teams leave idle.")] = False,
+    fmt: OutputOpt = Format.TABLE,
+) -> None:
+    """Set a team's quota (team admins): raypod quota set ml --cpus 16 --memory 64Gi --borrow"""
+    fields: dict[str, Any] = {"cpus": cpus, "memory": memory, "gpus": gpus, "clusters": clusters, "nodes": nodes}
+    quota = spec_mod.QuotaSpec.model_validate(
+        {**{k: v for k, v in fields.items() if v is not None}, "policy": policy, "borrow": borrow}
+    )
+    _render([cluster_cli.client().quotas.set(team, quota)], fmt)
+
+
+@app.command()
+def get(team: str, fmt: OutputOpt = Format.TABLE) -> None:
+    _render([cluster_cli.client().quotas.get(team)], fmt)
+
+
+@app.command("list")
+def list_(fmt: OutputOpt = Format.TABLE) -> None:
+    _render(cluster_cli.client().quotas.list(), fmt)
+
+
+@app.command()
+def delete(team: str) -> None:
+    """Remove a team's quota: its clusters are then limited only by the pool."""
+    cluster_cli.client().quotas.delete(team)
+    output.errors_console.print(f"team {team} has no quota now")
+
+
+@queue_app.command("list")
+def queue_list(fmt: OutputOpt = Format.TABLE) -> None:
+    """What waits, in the order it will be admitted, and why."""
+    entries = cluster_cli.client().quotas.queue()
+    if fmt is not Format.TABLE:
+        output.emit_data(entries, fmt)
+        return
+    if not entries:
+        output.console.print("Nothing waits.")
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("#", "NAMESPACE", "CLUSTER", "TEAM", "PRIORITY", "WAITING BECAUSE"):
+        table.add_column(column)
+    for entry in entries:
+        table.add_row(str(entry.position), entry.namespace, entry.name, entry.team, entry.priority, entry.reason)
+    output.console.print(table)
+
+
+def _render(views: list[state.QuotaView], fmt: Format) -> None:
+    if fmt is not Format.TABLE:
+        output.emit_data(views, fmt)
+        return
+    if not views:
+        output.console.print("No quotas. Set one with: raypod quota set TEAM --cpus 16 --memory 64Gi")
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("TEAM", "CPUS", "MEMORY", "GPUS", "CLUSTERS", "NODES", "POLICY", "QUEUED"):
+        table.add_column(column)
+    for view in views:
+        quota = view.quota
+        table.add_row(
+            view.team,
+            _used(view.usage["cpus"], quota.cpus),
+            _used(view.usage["memory"], quota.memory, memory=True),
+            _used(view.usage["gpus"], quota.gpus),
+            _used(view.usage["clusters"], quota.clusters),
+            _used(view.usage["nodes"], quota.nodes),
+            quota.policy.value + (" +borrow" if quota.borrow else ""),
+            str(view.queued),
+        )
+    output.console.print(table)
+
+
+def _used(value: float, limit: float | None, *, memory: bool = False) -> str:
+    def shown(amount: float) -> str:
+        return spec_mod.format_bytes(int(amount)) if memory else f"{amount:g}"
+
+    return f"{shown(value)}/{shown(limit) if limit is not None else '-'}"

@@ -1,0 +1,269 @@
+"""Governance: teams' quotas, the queue of clusters that wait for their team's quota or for the pool, admission in
+priority and fair-share order, borrowing and preemption. The decisions are the pure ``admission`` module's; this
+service reads the store, applies them, and answers the API."""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import threading
+from collections.abc import Callable, Iterable
+
+from raypod import errors, state
+from raypod import spec as spec_mod
+from raypod.backends import base
+from raypod.capabilities.governance import admission
+from raypod.controlplane import capacity, identity, store
+
+log = logging.getLogger(__name__)
+
+# An admitted cluster's queue_reason when it runs on quota another team left idle: it is preempted first.
+BORROWED = "borrowed"
+
+
+class GovernanceService:
+    def __init__(
+        self,
+        db: store.Store,
+        identities: identity.IdentityService,
+        backend: base.Backend,
+        *,
+        priority_classes: dict[str, int],
+        pool_cpus: float | None = None,
+        pool_memory: int | None = None,
+        pool_gpus: int | None = None,
+        wake: Callable[[str], None] = lambda uid: None,
+    ) -> None:
+        self.store = db
+        self.identities = identities
+        self.backend = backend
+        self.priority_classes = dict(priority_classes)
+        self._pool_override = (pool_cpus, pool_memory, pool_gpus)
+        self.wake = wake
+        self._lock = threading.Lock()  # admission decisions one at a time: creates and the loop's passes
+
+    # -- quotas --------------------------------------------------------------------------------------------
+
+    def set_quota(
+        self, caller: identity.Principal, team: str, quota: spec_mod.QuotaSpec | None
+    ) -> state.QuotaView | None:
+        """Set (or, with None, remove) a team's quota. A quota below what the team already runs stops nothing:
+        its new work waits. Raises Forbidden (not an admin of the team), NotFound (no such team)."""
+        if not (caller.is_admin or caller.teams.get(team) is state.Role.ADMIN):
+            raise errors.Forbidden(f"only admins of team '{team}' (or global admins) may set its quota")
+        if not self.identities.team_exists(team):
+            raise errors.NotFound(f"team '{team}' not found")
+        self.store.set_quota(team, quota, caller.user)
+        self.schedule()  # a larger quota may admit queued work at once
+        return None if quota is None else self.get_quota(caller, team)
+
+    def get_quota(self, caller: identity.Principal, team: str) -> state.QuotaView:
+        """Raises Forbidden (not in the team), NotFound (no quota set)."""
+        if not (caller.is_admin or team in caller.teams):
+            raise errors.Forbidden(f"only members of team '{team}' may see its quota")
+        views = {view.team: view for view in self._quota_views()}
+        if team not in views:
+            raise errors.NotFound(f"team '{team}' has no quota (it is limited only by the pool)")
+        return views[team]
+
+    def list_quotas(self, caller: identity.Principal) -> builtins.list[state.QuotaView]:
+        return [v for v in self._quota_views() if caller.is_admin or v.team in caller.teams]
+
+    def queue(self, caller: identity.Principal) -> builtins.list[state.QueueEntry]:
+        """What waits, in the order it will be admitted, with why; the caller sees its teams' namespaces."""
+        views = self.store.list()
+        teams = self._teams()
+        running = self._running(views, teams)
+        queued = [v for v in views if v.queued and not v.deleting]
+        workloads = {v.uid: self._workload(v, teams) for v in queued}
+        usage: dict[str, admission.Resources] = {}
+        for run in running:
+            usage[run.workload.team] = usage.get(run.workload.team, admission.Resources()) + run.workload.demand
+        ordered = admission.order(workloads.values(), usage, self._quotas())
+        by_uid = {v.uid: v for v in queued}
+        entries = []
+        for position, item in enumerate(ordered, start=1):
+            view = by_uid[item.id]
+            if caller.is_admin or item.team in caller.teams:
+                entries.append(
+                    state.QueueEntry(
+                        namespace=view.spec.namespace,
+                        name=view.spec.name,
+                        team=item.team,
+                        priority=view.spec.priority,
+                        position=position,
+                        reason=view.queue_reason,
+                        submitted_at=view.created_at,
+                    )
+                )
+        return entries
+
+    # -- admission -----------------------------------------------------------------------------------------
+
+    def check_priority(self, spec: spec_mod.ClusterSpec) -> None:
+        if spec.priority not in self.priority_classes:
+            known = ", ".join(sorted(self.priority_classes, key=self.priority_classes.__getitem__))
+            raise errors.InvalidSpec(f"priority: unknown class '{spec.priority}' (classes: {known})")
+
+    def on_create(self, spec: spec_mod.ClusterSpec) -> tuple[bool, str]:
+        """Whether ``spec`` waits (is queued), and why; or, admitted at once, a note (``borrowed``). Raises
+        QuotaExceeded where the team's policy rejects work beyond its quota."""
+        self.check_priority(spec)
+        with self._lock:
+            views = self.store.list()
+            teams = self._teams()
+            team = teams.get(spec.namespace, spec.namespace)
+            priority = self.priority_classes[spec.priority]
+            new = admission.Workload("(new)", team, priority, float("inf"), self.demand(spec))
+            queued = admission.WorkQueue(self._workload(v, teams) for v in views if v.queued and not v.deleting)
+            queued.add(new)
+            quotas = self._quotas()
+            decided = admission.admit(queued, self._running(views, teams), quotas, self.pool())
+        if new.id in decided.admitted:
+            return False, BORROWED if new.id in decided.borrowed else ""
+        reason = decided.why_waiting(new.id)
+        quota = self.store.quotas().get(team)
+        if quota is not None and quota.policy is spec_mod.QuotaPolicy.REJECT and "quota" in reason:
+            raise errors.QuotaExceeded(f"{reason}; team {team} rejects work beyond its quota")
+        return True, reason
+
+    def check_scale(self, view: state.ClusterView, scaled: spec_mod.ClusterSpec) -> None:
+        """A scale-up within the team's quota passes; beyond it, it is refused (scales are not queued).
+        Raises QuotaExceeded."""
+        teams = self._teams()
+        team = teams.get(view.spec.namespace, view.spec.namespace)
+        quota = self._quotas().get(team)
+        if quota is None or view.queued:
+            return
+        own = admission.Resources()
+        for run in self._running(self.store.list(), teams):
+            if run.workload.team == team and run.workload.id != view.uid and not run.borrowed:
+                own = own + run.workload.demand
+        over = quota.over(own + self.demand(scaled))
+        if over:
+            raise errors.QuotaExceeded(
+                f"team {team} is at its quota: {', '.join(over)}; a scale-up beyond it is refused, not queued"
+            )
+
+    def schedule(self) -> None:
+        """One admission pass over the queue: admit what fits, note why the rest waits, preempt what must give
+        way. The reconcile loop calls it every pass; it costs one read of the store when nothing waits."""
+        with self._lock:
+            views = self.store.list()
+            queued = [v for v in views if v.queued and not v.deleting]
+            if not queued and not any(v.queue_reason == BORROWED and not v.deleting for v in views):
+                return  # nothing waits and nothing borrowed may have to be given back
+            teams = self._teams()
+            by_uid = {v.uid: v for v in views}
+            decided = admission.admit(
+                admission.WorkQueue(self._workload(v, teams) for v in queued),
+                self._running(views, teams),
+                self._quotas(),
+                self.pool(),
+            )
+            changed: list[tuple[state.ClusterView, bool, str, str, str]] = []  # view, queued, reason, event, message
+            for uid in decided.admitted:
+                borrowed = uid in decided.borrowed
+                note = " on quota borrowed from other teams" if borrowed else ""
+                changed.append((by_uid[uid], False, BORROWED if borrowed else "", "Admitted", f"admitted{note}"))
+            for uid, why in decided.preempted.items():
+                changed.append((by_uid[uid], True, f"preempted: {why}", "Preempted", f"preempted: {why}; queued again"))
+            for view in queued:
+                if view.uid not in decided.admitted:
+                    reason = decided.why_waiting(view.uid)
+                    if reason != view.queue_reason:
+                        changed.append((view, True, reason, "", ""))
+            for view, is_queued, reason, event, message in changed:
+                self.store.set_queued(view.uid, is_queued, reason)
+                if event:
+                    kind = state.EventType.WARNING if event == "Preempted" else state.EventType.NORMAL
+                    self.store.record(view, kind, event, message)
+        for view, _, _, event, _ in changed:
+            if event:
+                self.wake(view.uid)
+
+    def demand(self, spec: spec_mod.ClusterSpec) -> admission.Resources:
+        nodes = spec.desired_nodes()
+        return admission.Resources(
+            cpus=float(sum(node.cpus for node in nodes)),
+            memory=capacity.memory_needed(spec, self.backend.capacity()),
+            gpus=sum(node.gpus for node in nodes),
+            clusters=1,
+            nodes=len(nodes),
+        )
+
+    def pool(self) -> admission.Resources | None:
+        """What admission fills: the settings' pool, else what the backend's machines hold (one host's memory and
+        GPUs on the local backend); CPUs are Ray's logical ones, unlimited unless set. None: no limit at all."""
+        cpus, memory, gpus = self._pool_override
+        host = self.backend.capacity()
+        memory = memory if memory is not None else host.memory_bytes
+        gpus = gpus if gpus is not None else host.gpus_per_node
+        if cpus is None and memory is None and gpus is None:
+            return None
+        return admission.Resources(
+            cpus=cpus if cpus is not None else float("inf"),
+            memory=memory if memory is not None else 2**62,
+            gpus=gpus if gpus is not None else 2**31,
+        )
+
+    # -- inside --------------------------------------------------------------------------------------------
+
+    def _teams(self) -> dict[str, str]:
+        return {ns.name: ns.team for ns in self.identities.list_namespaces()}
+
+    def _quotas(self) -> dict[str, admission.Quota]:
+        return {
+            team: admission.Quota(
+                cpus=q.cpus, memory=q.memory, gpus=q.gpus, clusters=q.clusters, nodes=q.nodes, borrow=q.borrow
+            )
+            for team, q in self.store.quotas().items()
+        }
+
+    def _workload(self, view: state.ClusterView, teams: dict[str, str]) -> admission.Workload:
+        return admission.Workload(
+            id=view.uid,
+            team=teams.get(view.spec.namespace, view.spec.namespace),
+            priority=self.priority_classes.get(view.spec.priority, 0),
+            submitted_at=view.created_at.timestamp(),
+            demand=self.demand(view.spec),
+        )
+
+    def _running(self, views: Iterable[state.ClusterView], teams: dict[str, str]) -> list[admission.Running]:
+        return [
+            admission.Running(self._workload(v, teams), borrowed=v.queue_reason == BORROWED)
+            for v in views
+            if not v.queued and not v.deleting
+        ]
+
+    def _quota_views(self) -> builtins.list[state.QuotaView]:
+        views = self.store.list()
+        teams = self._teams()
+        usage: dict[str, admission.Resources] = {}
+        borrowed: dict[str, admission.Resources] = {}
+        queued: dict[str, int] = {}
+        for view in views:
+            if view.deleting:
+                continue
+            team = teams.get(view.spec.namespace, view.spec.namespace)
+            if view.queued:
+                queued[team] = queued.get(team, 0) + 1
+                continue
+            demand = self.demand(view.spec)
+            usage[team] = usage.get(team, admission.Resources()) + demand
+            if view.queue_reason == BORROWED:
+                borrowed[team] = borrowed.get(team, admission.Resources()) + demand
+        return [
+            state.QuotaView(
+                team=team,
+                quota=quota,
+                usage=_amounts(usage.get(team, admission.Resources())),
+                borrowed=_amounts(borrowed[team]) if team in borrowed else {},
+                queued=queued.get(team, 0),
+            )
+            for team, quota in sorted(self.store.quotas().items())
+        ]
+
+
+def _amounts(value: admission.Resources) -> dict[str, float]:
+    return {name: float(getattr(value, name)) for name in admission.RESOURCES}

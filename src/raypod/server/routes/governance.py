@@ -1,0 +1,53 @@
+"""Governance routes: teams' quotas and the queue of clusters waiting for them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Request, Response
+
+from raypod import spec as spec_mod
+from raypod import state
+from raypod.controlplane import governance
+from raypod.server.auth import Caller
+
+router = APIRouter(prefix="/api/v1", tags=["governance"])
+
+TeamPath = Annotated[str, Path(pattern=spec_mod.DNS1123_LABEL.pattern, max_length=63)]
+
+
+def governance_service(request: Request) -> governance.GovernanceService:
+    svc: governance.GovernanceService = request.app.state.governance
+    return svc
+
+
+Service = Annotated[governance.GovernanceService, Depends(governance_service)]
+
+
+@router.get("/quotas")
+def list_quotas(caller: Caller, svc: Service) -> list[state.QuotaView]:
+    """Quotas of the caller's teams (every team's for admins), with what each team's clusters hold."""
+    return svc.list_quotas(caller)
+
+
+@router.get("/teams/{team}/quota")
+def get_quota(caller: Caller, svc: Service, team: TeamPath) -> state.QuotaView:
+    return svc.get_quota(caller, team)
+
+
+@router.put("/teams/{team}/quota")
+def set_quota(caller: Caller, svc: Service, team: TeamPath, quota: spec_mod.QuotaSpec) -> state.QuotaView | None:
+    """Team admins and global admins. A quota below current usage stops nothing: new work waits."""
+    return svc.set_quota(caller, team, quota)
+
+
+@router.delete("/teams/{team}/quota", status_code=204)
+def delete_quota(caller: Caller, svc: Service, team: TeamPath) -> Response:
+    svc.set_quota(caller, team, None)
+    return Response(status_code=204)
+
+
+@router.get("/queue")
+def queue(caller: Caller, svc: Service) -> list[state.QueueEntry]:
+    """Clusters waiting for admission, in the order they will be admitted, with why each waits."""
+    return svc.queue(caller)
