@@ -190,3 +190,18 @@ def test_down_also_stops_the_prometheus_of_monitoring_up(server: TestClient, tmp
 def test_down_keep_monitoring_leaves_it_alone(server: TestClient) -> None:
     down = runner.invoke(app, ["down", "--keep-clusters", "--keep-monitoring"])
     assert down.exit_code == 0 and "Prometheus" not in down.stdout
+
+
+def test_quota_and_queue_commands(server: TestClient) -> None:
+    assert runner.invoke(app, ["team", "create", "ml"]).exit_code == 0
+    set_ = runner.invoke(app, ["quota", "set", "ml", "--cpus", "8", "--memory", "16Gi", "--borrow"])
+    assert set_.exit_code == 0, set_.output
+    assert "ml" in set_.stdout and "0/8" in set_.stdout and "queue +borrow" in set_.stdout
+    shown = json.loads(runner.invoke(app, ["quota", "get", "ml", "-o", "json"]).stdout)
+    assert shown["quota"]["cpus"] == 8 and shown["quota"]["borrow"] is True
+    assert [q["team"] for q in json.loads(runner.invoke(app, ["quota", "list", "-o", "json"]).stdout)] == ["ml"]
+    bad = runner.invoke(app, ["quota", "set", "ml", "--cpus", "-2"])
+    assert bad.exit_code == 1 and "cpus" in bad.output and "Traceback" not in bad.output
+    assert "Nothing waits." in runner.invoke(app, ["queue", "list"]).stdout
+    assert runner.invoke(app, ["quota", "delete", "ml"]).exit_code == 0
+    assert runner.invoke(app, ["quota", "list", "-o", "json"]).stdout.strip() == "[]"

@@ -6,10 +6,12 @@ import os
 from pathlib import Path
 from typing import Annotated, Any
 
+import pydantic
 import typer
 from typer.core import TyperGroup
 
 from raypod import config, errors, state
+from raypod import spec as spec_mod
 from raypod.cli import cluster, daemon, identities, job, model, monitoring, node, output, quota, serve, space
 from raypod.client import Client, connection_settings
 
@@ -18,10 +20,12 @@ class _Group(TyperGroup):
     def invoke(self, ctx: typer.Context) -> Any:  # type: ignore[override]
         try:
             return super().invoke(ctx)
-        except errors.RaypodError as exc:
+        except (errors.RaypodError, pydantic.ValidationError) as exc:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
-            output.errors_console.print(f"[red]error:[/red] {exc.message}", highlight=False, soft_wrap=True)
+            # A spec the CLI built from options (a job, a quota) is checked before it is sent: one line per problem.
+            message = exc.message if isinstance(exc, errors.RaypodError) else spec_mod.describe_validation_error(exc)
+            output.errors_console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
 
 

@@ -40,7 +40,11 @@ def set_(
 
 @app.command()
 def get(team: str, fmt: OutputOpt = Format.TABLE) -> None:
-    _render([cluster_cli.client().quotas.get(team)], fmt)
+    view = cluster_cli.client().quotas.get(team)
+    if fmt is not Format.TABLE:
+        output.emit_data(view, fmt)
+        return
+    _render([view], fmt)
 
 
 @app.command("list")
