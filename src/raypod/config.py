@@ -140,6 +140,9 @@ class Settings:
     pool_cpus: float | None = None
     pool_memory: int | None = None
     pool_gpus: int | None = None
+    # Kubernetes with Kueue: RayClusters and RayJobs carry Kueue's labels and Kueue admits them; raypod's own
+    # admission steps aside (its quotas are exported as Kueue objects: raypod quota kueue).
+    kueue: bool = False
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -163,6 +166,7 @@ class Settings:
             "pool_cpus": _optional_float_env("RAYPOD_POOL_CPUS"),
             "pool_memory": _optional_int(_optional_float_env("RAYPOD_POOL_MEMORY")),
             "pool_gpus": _optional_int(_optional_float_env("RAYPOD_POOL_GPUS")),
+            "kueue": _choice_env("RAYPOD_KUEUE", ("0", "1"), "0") == "1",
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -200,3 +200,12 @@ def test_a_restart_keeps_quotas_the_queue_and_its_order(tmp_path: Path) -> None:
         assert [(e["name"], e["position"]) for e in second.get("/api/v1/queue", headers=root).json()] == before
         wait_phase(second, root, "default", "a", "Ready")
         assert phase(second, root, "default", "b") == "Queued"
+
+
+def test_admins_export_quotas_as_kueue_objects(gov: TestClient, root: Headers) -> None:
+    ana = make_user(gov, root, "ana", "ml")
+    gov.put("/api/v1/teams/ml/quota", json={"cpus": 8}, headers=root).raise_for_status()
+    objects = gov.get("/api/v1/quotas/kueue", headers=root).json()
+    queues = [o for o in objects if o["kind"] == "ClusterQueue"]
+    assert [q["metadata"]["name"] for q in queues] == ["ml"]
+    assert gov.get("/api/v1/quotas/kueue", headers=ana).status_code == 403

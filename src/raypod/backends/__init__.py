@@ -27,7 +27,7 @@ def _kuberay(settings: config.Settings) -> base.Backend:
         raise errors.InvalidSpec(
             "the kuberay backend needs the Kubernetes client: pip install 'raypod[kubernetes]'"
         ) from None
-    return KubeRayBackend.from_environment()
+    return KubeRayBackend.from_environment(kueue=settings.kueue)
 
 
 FACTORIES: dict[str, Callable[[config.Settings], base.Backend]] = {"local": _local, "fake": _fake, "kuberay": _kuberay}

@@ -122,6 +122,8 @@ class Backend(Protocol):
 class RayJobRunner(Protocol):
     """A backend that can run one job as its own KubeRay ``RayJob`` (``raypod job submit --as-rayjob``)."""
 
+    kueue: bool  # RayJobs carry Kueue's labels: Kueue admits them
+
     def submit_rayjob(self, manifest: dict[str, Any]) -> None: ...
 
     def rayjob_status(self, namespace: str, name: str) -> tuple[str, str] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+import yaml
 from rich.table import Table
 
 from raypod import spec as spec_mod
@@ -57,6 +58,12 @@ def delete(team: str) -> None:
     """Remove a team's quota: its clusters are then limited only by the pool."""
     cluster_cli.client().quotas.delete(team)
     output.errors_console.print(f"team {team} has no quota now")
+
+
+@app.command("kueue")
+def kueue_objects() -> None:
+    """Admins: print every quota as Kueue objects (YAML), for kubectl apply -f - where Kueue admits."""
+    print(yaml.safe_dump_all(cluster_cli.client().quotas.kueue(), sort_keys=False), end="")
 
 
 @queue_app.command("list")

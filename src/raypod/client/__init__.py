@@ -431,6 +431,11 @@ class Quotas:
     def delete(self, team: str) -> None:
         self._t.request("DELETE", f"/api/v1/teams/{_name(team)}/quota")
 
+    def kueue(self) -> builtins.list[dict[str, Any]]:
+        """Admins: every quota as Kueue objects (to apply with kubectl where Kueue admits)."""
+        found: list[dict[str, Any]] = self._t.request("GET", "/api/v1/quotas/kueue")
+        return found
+
     def queue(self) -> builtins.list[state.QueueEntry]:
         """What waits, in the order it will be admitted, with why."""
         return [state.QueueEntry.model_validate(q) for q in self._t.request("GET", "/api/v1/queue")]

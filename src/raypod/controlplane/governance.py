@@ -8,10 +8,12 @@ import builtins
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.backends import base
+from raypod.backends.kuberay import kueue
 from raypod.capabilities.governance import admission
 from raypod.controlplane import capacity, identity, store
 
@@ -33,7 +35,9 @@ class GovernanceService:
         pool_memory: int | None = None,
         pool_gpus: int | None = None,
         wake: Callable[[str], None] = lambda uid: None,
+        admits: bool = True,
     ) -> None:
+        self.admits = admits  # False where Kueue admits (raypod's quotas are then exported to it)
         self.store = db
         self.identities = identities
         self.backend = backend
@@ -98,6 +102,12 @@ class GovernanceService:
                 )
         return entries
 
+    def kueue_objects(self, caller: identity.Principal) -> builtins.list[dict[str, Any]]:
+        """Every team's quota, namespace and priority class as Kueue objects (admins: it covers every team)."""
+        if not caller.is_admin:
+            raise errors.Forbidden("only admins may export every team's quota")
+        return kueue.objects(self.store.quotas(), self._teams(), self.priority_classes)
+
     # -- admission -----------------------------------------------------------------------------------------
 
     def check_priority(self, spec: spec_mod.ClusterSpec) -> None:
@@ -109,6 +119,8 @@ class GovernanceService:
         """Whether ``spec`` waits (is queued), and why; or, admitted at once, a note (``borrowed``). Raises
         QuotaExceeded where the team's policy rejects work beyond its quota."""
         self.check_priority(spec)
+        if not self.admits:
+            return False, ""
         with self._lock:
             views = self.store.list()
             teams = self._teams()
@@ -133,7 +145,7 @@ class GovernanceService:
         teams = self._teams()
         team = teams.get(view.spec.namespace, view.spec.namespace)
         quota = self._quotas().get(team)
-        if quota is None or view.queued:
+        if quota is None or view.queued or not self.admits:
             return
         own = admission.Resources()
         for run in self._running(self.store.list(), teams):
@@ -148,6 +160,8 @@ class GovernanceService:
     def schedule(self) -> None:
         """One admission pass over the queue: admit what fits, note why the rest waits, preempt what must give
         way. The reconcile loop calls it every pass; it costs one read of the store when nothing waits."""
+        if not self.admits:
+            return
         with self._lock:
             views = self.store.list()
             queued = [v for v in views if v.queued and not v.deleting]

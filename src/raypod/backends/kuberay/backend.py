@@ -66,9 +66,16 @@ class KubeRayBackend:
     )
 
     def __init__(
-        self, api: client.ApiClient, *, in_cluster: bool = False, request_timeout_s: float = 10.0, watch: bool = True
+        self,
+        api: client.ApiClient,
+        *,
+        in_cluster: bool = False,
+        request_timeout_s: float = 10.0,
+        watch: bool = True,
+        kueue: bool = False,
     ) -> None:
         self._api = api
+        self.kueue = kueue  # label RayClusters and RayJobs for Kueue, which then admits them
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
         self._in_cluster = in_cluster
@@ -108,7 +115,7 @@ class KubeRayBackend:
             self.pods.start()
 
     @classmethod
-    def from_environment(cls) -> KubeRayBackend:
+    def from_environment(cls, *, kueue: bool = False) -> KubeRayBackend:
         """In a pod: its service account. Elsewhere: the kubeconfig (``KUBECONFIG`` or ``~/.kube/config``).
 
         Raises:
@@ -125,7 +132,7 @@ class KubeRayBackend:
             raise errors.PermanentError(
                 f"no Kubernetes credentials: not in a pod and no usable kubeconfig ({exc}); set KUBECONFIG"
             ) from None
-        return cls(client.ApiClient(configuration), in_cluster=in_cluster)
+        return cls(client.ApiClient(configuration), in_cluster=in_cluster, kueue=kueue)
 
     # -- the protocol --------------------------------------------------------------------------------------
 
@@ -154,7 +161,7 @@ class KubeRayBackend:
             if current is not None and not current["metadata"].get("deletionTimestamp"):
                 self._call(f"delete RayCluster {spec.namespace}/{spec.name}", self._delete_raycluster, *where)
             return
-        desired = rendered(cluster_id, spec)
+        desired = rendered(cluster_id, spec, kueue=self.kueue)
         schema = self._installed_schema()
         unknown = manifests.unknown_fields(desired["spec"], schema) if schema else []
         if unknown:
@@ -440,10 +447,10 @@ class KubeRayBackend:
             self._listener(cluster_id)
 
 
-def rendered(cluster_id: str, spec: spec_mod.ClusterSpec) -> dict[str, Any]:
+def rendered(cluster_id: str, spec: spec_mod.ClusterSpec, *, kueue: bool = False) -> dict[str, Any]:
     """The RayCluster raypod applies: the manifest the console shows, plus the cluster's uid and the manifest's
     digest (so an unchanged spec costs no write)."""
-    manifest = manifests.raycluster(spec)
+    manifest = manifests.raycluster(spec, kueue=kueue)
     digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
     manifest["metadata"]["labels"][UID_LABEL] = cluster_id
     manifest["metadata"].setdefault("annotations", {})[SPEC_HASH_ANNOTATION] = digest

@@ -14,15 +14,18 @@ API_VERSION = "ray.io/v1"
 DEFAULT_IMAGE = "rayproject/ray:{version}"
 
 
-def raycluster(spec: spec_mod.ClusterSpec) -> dict[str, Any]:
-    """Return the ``RayCluster`` that runs ``spec`` on Kubernetes."""
+def raycluster(spec: spec_mod.ClusterSpec, *, kueue: bool = False) -> dict[str, Any]:
+    """Return the ``RayCluster`` that runs ``spec`` on Kubernetes; ``kueue``: labelled for Kueue to queue it (its
+    namespace's ``raypod`` LocalQueue, the spec's priority class)."""
     metadata: dict[str, Any] = {
         "name": spec.name,
         "namespace": spec.namespace,
-        "labels": {"app.kubernetes.io/managed-by": "raypod"},
+        "labels": {"app.kubernetes.io/managed-by": "raypod", **(kueue_labels(spec.priority) if kueue else {})},
     }
     if spec.owner:
         metadata["annotations"] = {_OWNER_ANNOTATION: spec.owner}
+    if spec.priority != "normal":
+        metadata.setdefault("annotations", {})[_PRIORITY_ANNOTATION] = spec.priority
     if spec.runtime_env:
         metadata.setdefault("annotations", {})[_RUNTIME_ENV_ANNOTATION] = json.dumps(spec.runtime_env, sort_keys=True)
     hangwatch = spec.hangwatch.model_dump(mode="json", exclude_defaults=True)
@@ -134,11 +137,22 @@ _KNOWN = {
     "container": {"name", "image", "resources", "env", "ports"},
 }
 _OWNER_ANNOTATION = "raypod.io/owner"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+KUEUE_LOCAL_QUEUE = "raypod"  # in every namespace (kueue.objects makes them)
+
+
+def kueue_labels(priority: str) -> dict[str, str]:
+    """What a RayCluster or RayJob carries for Kueue to queue it."""
+    return {KUEUE_QUEUE_LABEL: KUEUE_LOCAL_QUEUE, KUEUE_PRIORITY_LABEL: priority}
+
+
 _RUNTIME_ENV_ANNOTATION = "raypod.io/default-runtime-env"
 # Hung-job detection's settings: read by raypod's agent, which KubeRay knows nothing of.
 _HANGWATCH_ANNOTATION = "raypod.io/hangwatch"
-_ANNOTATIONS = frozenset({_OWNER_ANNOTATION, _RUNTIME_ENV_ANNOTATION, _HANGWATCH_ANNOTATION})
-_MANAGED_LABELS = frozenset({"app.kubernetes.io/managed-by"})
+_PRIORITY_ANNOTATION = "raypod.io/priority"
+_ANNOTATIONS = frozenset({_OWNER_ANNOTATION, _RUNTIME_ENV_ANNOTATION, _HANGWATCH_ANNOTATION, _PRIORITY_ANNOTATION})
+_MANAGED_LABELS = frozenset({"app.kubernetes.io/managed-by", *kueue_labels("normal")})
 
 
 def spec_from_raycluster(manifest: Any) -> spec_mod.ClusterSpec:
@@ -159,6 +173,7 @@ def spec_from_raycluster(manifest: Any) -> spec_mod.ClusterSpec:
     ray_version = body.get("rayVersion", spec_mod.DEFAULT_RAY_VERSION)
     image = head_container.get("image")
     data: dict[str, Any] = {
+        "priority": annotations.get(_PRIORITY_ANNOTATION, "normal"),
         "name": metadata.get("name"),
         "namespace": metadata.get("namespace", "default"),
         "owner": annotations.get(_OWNER_ANNOTATION),
@@ -307,11 +322,12 @@ def rayjob(
     max_retries: int,
     shutdown_after_finish: bool,
     metadata: dict[str, str],
+    kueue: bool = False,
 ) -> dict[str, Any]:
     """The ``RayJob`` that runs one job on a cluster of its own, shaped as ``spec``: KubeRay starts the cluster,
     submits the entrypoint, retries a failed job ``backoffLimit`` times (each on a new cluster) and, with
     ``shutdownAfterJobFinishes``, deletes the cluster when the job ends."""
-    cluster = raycluster(spec)
+    cluster = raycluster(spec, kueue=kueue)
     body: dict[str, Any] = {
         "entrypoint": entrypoint,
         "rayClusterSpec": cluster["spec"],

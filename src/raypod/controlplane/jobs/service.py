@@ -64,6 +64,7 @@ class JobService:
                 "runtime_env: a package uploaded to one cluster's GCS cannot reach a RayJob's new cluster; "
                 "use a remote URI (s3://..., https://...)"
             )
+        runner = self.rayjobs()
         manifest = manifests.rayjob(
             view.spec,
             job.id,
@@ -72,8 +73,9 @@ class JobService:
             max_retries=job.spec.max_retries,
             shutdown_after_finish=not job.spec.keep_cluster,
             metadata={**job.spec.metadata, "raypod_job": job.id, "raypod_owner": job.owner},
+            kueue=runner.kueue,
         )
-        self.rayjobs().submit_rayjob(manifest)
+        runner.submit_rayjob(manifest)
         job.attempts.append(state.Attempt(submission_id=job.id, submitted_at=store.now()))
 
     def list(self, caller: identity.Principal, namespace: str, cluster: str) -> builtins.list[state.JobView]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request, Response
 
@@ -28,6 +28,12 @@ Service = Annotated[governance.GovernanceService, Depends(governance_service)]
 def list_quotas(caller: Caller, svc: Service) -> list[state.QuotaView]:
     """Quotas of the caller's teams (every team's for admins), with what each team's clusters hold."""
     return svc.list_quotas(caller)
+
+
+@router.get("/quotas/kueue")
+def kueue_objects(caller: Caller, svc: Service) -> list[dict[str, Any]]:
+    """Admins: the quotas as Kueue ResourceFlavor, ClusterQueues, LocalQueues and WorkloadPriorityClasses."""
+    return svc.kueue_objects(caller)
 
 
 @router.get("/teams/{team}/quota")
