@@ -189,7 +189,7 @@ def test_a_higher_priority_cluster_preempts_a_lower_one_which_comes_back_later(g
 def test_a_restart_keeps_quotas_the_queue_and_its_order(tmp_path: Path) -> None:
     with app_client(tmp_path, pool_cpus=2) as first:
         root = {"Authorization": f"Bearer {json.loads((tmp_path / 'credentials').read_text())['token']}"}
-        first.put("/api/v1/teams/admins/quota", json={"cpus": 6}, headers=root)
+        first.put("/api/v1/teams/default/quota", json={"cpus": 6, "borrow": True}, headers=root).raise_for_status()
         for name in ("a", "b", "c"):
             first.post("/api/v1/clusters", json=cluster(name), headers=root).raise_for_status()
             time.sleep(0.01)
@@ -198,6 +198,7 @@ def test_a_restart_keeps_quotas_the_queue_and_its_order(tmp_path: Path) -> None:
     assert before == [("b", 1), ("c", 2)]
     with app_client(tmp_path, pool_cpus=2) as second:
         assert [(e["name"], e["position"]) for e in second.get("/api/v1/queue", headers=root).json()] == before
+        assert second.get("/api/v1/teams/default/quota", headers=root).json()["quota"]["borrow"] is True
         wait_phase(second, root, "default", "a", "Ready")
         assert phase(second, root, "default", "b") == "Queued"
 

@@ -45,6 +45,7 @@ class GovernanceService:
         self._pool_override = (pool_cpus, pool_memory, pool_gpus)
         self.wake = wake
         self._lock = threading.Lock()  # admission decisions one at a time: creates and the loop's passes
+        self._decided_at: tuple[object, ...] | None = None  # the store's fingerprint at the last decision
 
     # -- quotas --------------------------------------------------------------------------------------------
 
@@ -58,7 +59,7 @@ class GovernanceService:
         if not self.identities.team_exists(team):
             raise errors.NotFound(f"team '{team}' not found")
         self.store.set_quota(team, quota, caller.user)
-        self.schedule()  # a larger quota may admit queued work at once
+        self.schedule(force=True)  # a larger quota may admit queued work at once
         return None if quota is None else self.get_quota(caller, team)
 
     def get_quota(self, caller: identity.Principal, team: str) -> state.QuotaView:
@@ -157,12 +158,17 @@ class GovernanceService:
                 f"team {team} is at its quota: {', '.join(over)}; a scale-up beyond it is refused, not queued"
             )
 
-    def schedule(self) -> None:
+    def schedule(self, *, force: bool = False) -> None:
         """One admission pass over the queue: admit what fits, note why the rest waits, preempt what must give
-        way. The reconcile loop calls it every pass; it costs one read of the store when nothing waits."""
+        way. The reconcile loop calls it every pass; unless ``force``d it decides only when a cluster was added,
+        removed, changed, queued or admitted since the last decision (one small query otherwise)."""
         if not self.admits:
             return
         with self._lock:
+            fingerprint = self.store.fingerprint()
+            if not force and fingerprint == self._decided_at:
+                return
+            self._decided_at = fingerprint
             views = self.store.list()
             queued = [v for v in views if v.queued and not v.deleting]
             if not queued and not any(v.queue_reason == BORROWED and not v.deleting for v in views):

@@ -191,6 +191,13 @@ class Store:
         with self.engine.begin() as connection:
             connection.execute(clusters.update().where(clusters.c.uid == uid).values(deleting=True, updated_at=now()))
 
+    def fingerprint(self) -> tuple[object, ...]:
+        """Changes whenever a cluster is added, removed, changes spec, is marked for deletion, queued or admitted
+        (not when only its status changes): a cheap test for "anything new to decide?"."""
+        with self.engine.connect() as connection:
+            row = connection.execute(sa.select(sa.func.count(), sa.func.max(clusters.c.updated_at))).one()
+        return tuple(row)
+
     def save_status(self, uid: str, status: state.ClusterStatus) -> None:
         with self.engine.begin() as connection:
             connection.execute(clusters.update().where(clusters.c.uid == uid).values(status=status.model_dump_json()))

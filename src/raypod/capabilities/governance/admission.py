@@ -18,7 +18,7 @@ RESOURCES = ("cpus", "memory", "gpus", "clusters", "nodes")
 POOL_RESOURCES = ("cpus", "memory", "gpus")  # what machines hold; counts of clusters and nodes are quotas' only
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Resources:
     cpus: float = 0.0
     memory: int = 0
@@ -26,11 +26,24 @@ class Resources:
     clusters: int = 0
     nodes: int = 0
 
+    # Spelled out, not looped over RESOURCES: admission adds and subtracts these hundreds of times a decision.
     def __add__(self, other: Resources) -> Resources:
-        return Resources(*(getattr(self, name) + getattr(other, name) for name in RESOURCES))
+        return Resources(
+            self.cpus + other.cpus,
+            self.memory + other.memory,
+            self.gpus + other.gpus,
+            self.clusters + other.clusters,
+            self.nodes + other.nodes,
+        )
 
     def __sub__(self, other: Resources) -> Resources:
-        return Resources(*(getattr(self, name) - getattr(other, name) for name in RESOURCES))
+        return Resources(
+            self.cpus - other.cpus,
+            self.memory - other.memory,
+            self.gpus - other.gpus,
+            self.clusters - other.clusters,
+            self.nodes - other.nodes,
+        )
 
 
 @dataclass(frozen=True)
@@ -174,16 +187,11 @@ def admit(
     now need their quota back, and, for the first workload the pool cannot hold, lower-priority workloads whose
     end makes room (borrowed ones first, then the lowest priority, newest first)."""
     current = list(running)
-    used: dict[str, Resources] = {}
-    lent: dict[str, Resources] = {}
+    ledger = _Ledger(quotas)
     for run in current:
-        team = run.workload.team
-        used[team] = used.get(team, Resources()) + run.workload.demand
-        if run.borrowed:
-            lent[team] = lent.get(team, Resources()) + run.workload.demand
+        ledger.add(run.workload.team, run.workload.demand, borrowed=run.borrowed)
+    used, lent = ledger.used, ledger.lent
     lines = queue if isinstance(queue, WorkQueue) else WorkQueue(queue)
-    total_used = sum(used.values(), Resources())
-    idle: dict[str, Resources] = {}  # borrower -> what others leave idle; recomputed after each admission
     result = Admission()
     admitted: dict[str, Workload] = {}
     blocked: Workload | None = None  # the first workload the pool cannot hold: nothing after it starts
@@ -203,18 +211,12 @@ def admit(
             own = used.get(team, Resources()) - lent.get(team, Resources())
             over = quota.over(own + item.demand)
             borrow = False
-            if over and quota.borrow:
-                if team not in idle:
-                    if "" not in idle:
-                        idle[""] = _unused(used, lent, quotas) - sum(lent.values(), Resources())
-                    mine = _unused(used, lent, {team: quota}) if team in quotas else Resources()
-                    idle[team] = idle[""] - mine
-                if _fits(_limited(item.demand, quota), idle[team]):
-                    over, borrow = [], True  # the whole workload runs on borrowed quota: the first to give it back
+            if over and quota.borrow and _fits(_limited(item.demand, quota), ledger.idle_for(team)):
+                over, borrow = [], True  # the whole workload runs on borrowed quota: the first to give it back
             if over:
                 result.waiting[item.id] = f"team {team} is at its quota: " + ", ".join(over)
                 continue  # the team waits as a whole
-            total = total_used + item.demand
+            total = ledger.total + item.demand
             if pool is not None and not _fits(_machines(total), pool):
                 blocked = item
                 short = [n for n in POOL_RESOURCES if getattr(total, n) > getattr(pool, n)]
@@ -228,25 +230,21 @@ def admit(
                 break
             result.admitted.append(item.id)
             admitted[item.id] = item
-            idle.clear()
-            total_used = total
-            used[team] = used.get(team, Resources()) + item.demand
+            ledger.add(team, item.demand, borrowed=borrow)
             if borrow:
                 result.borrowed.append(item.id)
-                lent[team] = lent.get(team, Resources()) + item.demand
             next_in_line[team] += 1
             if next_in_line[team] < len(members):
                 heapq.heappush(heap, (share(used[team], quota), members[next_in_line[team]].submitted_at, team))
     for late in reversed(list(result.borrowed)):  # lenders admitted after a borrow in this pass come first
-        if _within_idle(used, lent, quotas):
+        if ledger.within_idle():
             break
         item = admitted.pop(late)
         result.admitted.remove(late)
         result.borrowed.remove(late)
         result.waiting[late] = "the quota it would borrow is needed by the team that lends it"
-        used[item.team] = used[item.team] - item.demand
-        lent[item.team] = lent[item.team] - item.demand
-    for victim in _reclaim(current, used, lent, quotas, result.preempted):
+        ledger.add(item.team, item.demand, borrowed=True, sign=-1)
+    for victim in _reclaim(current, ledger, result.preempted):
         result.preempted[victim] = "its borrowed quota is needed back by the team that lent it"
     return replace(result, blocked_by=blocked.id if blocked else None)
 
@@ -276,36 +274,66 @@ def _make_room(
     return chosen if _fits(_positive(excess), freed) else []
 
 
-def _reclaim(
-    current: list[Running],
-    used: Mapping[str, Resources],
-    lent: Mapping[str, Resources],
-    quotas: Mapping[str, Quota],
-    taken: Mapping[str, str],
-) -> list[str]:
+def _reclaim(current: list[Running], ledger: _Ledger, taken: Mapping[str, str]) -> list[str]:
     """Borrowed workloads to stop so what is borrowed fits again in what the lenders leave idle."""
     chosen: list[str] = []
     borrowed = sorted(
         (r for r in current if r.borrowed and r.workload.id not in taken),
         key=lambda r: (r.workload.priority, -r.workload.submitted_at),
     )
-    remaining = {team: Resources() + amount for team, amount in lent.items()}
-    still_used = {team: Resources() + amount for team, amount in used.items()}
     for run in borrowed:
-        if _within_idle(still_used, remaining, quotas):
+        if ledger.within_idle():
             break
-        borrower = run.workload.team
         chosen.append(run.workload.id)
-        remaining[borrower] = remaining[borrower] - run.workload.demand
-        still_used[borrower] = still_used[borrower] - run.workload.demand
+        ledger.add(run.workload.team, run.workload.demand, borrowed=True, sign=-1)
     return chosen
 
 
-def _within_idle(used: Mapping[str, Resources], lent: Mapping[str, Resources], quotas: Mapping[str, Quota]) -> bool:
-    """Whether everything borrowed still fits in the quota its lenders leave idle."""
-    idle, borrowed = _unused(used, lent, quotas), sum(lent.values(), Resources())
-    limited = [name for name in RESOURCES if any(getattr(q, name) is not None for q in quotas.values())]
-    return all(getattr(borrowed, name) <= getattr(idle, name) + 1e-9 for name in limited)
+class _Ledger:
+    """What each team uses (and of it, borrows), and the quota teams leave unused, kept up to date workload by
+    workload: a decision touches only the team that changed."""
+
+    def __init__(self, quotas: Mapping[str, Quota]) -> None:
+        self.quotas = quotas
+        self.used: dict[str, Resources] = {}
+        self.lent: dict[str, Resources] = {}
+        self.total = Resources()
+        self.borrowed = Resources()
+        self._unused = {team: _unused_by(Resources(), quota) for team, quota in quotas.items()}
+        self.unused = sum(self._unused.values(), Resources())
+        self._limited = [n for n in RESOURCES if any(getattr(q, n) is not None for q in quotas.values())]
+
+    def add(self, team: str, demand: Resources, *, borrowed: bool, sign: int = 1) -> None:
+        change = demand if sign > 0 else Resources() - demand
+        self.used[team] = self.used.get(team, Resources()) + change
+        self.total = self.total + change
+        if borrowed:
+            self.lent[team] = self.lent.get(team, Resources()) + change
+            self.borrowed = self.borrowed + change
+        elif team in self.quotas:
+            before = self._unused[team]
+            self._unused[team] = _unused_by(self.used[team] - self.lent.get(team, Resources()), self.quotas[team])
+            self.unused = self.unused - before + self._unused[team]
+
+    def idle_for(self, borrower: str) -> Resources:
+        """What the other teams' quotas leave unused, less what is already borrowed."""
+        return self.unused - self._unused.get(borrower, Resources()) - self.borrowed
+
+    def within_idle(self) -> bool:
+        return all(getattr(self.borrowed, n) <= getattr(self.unused, n) + 1e-9 for n in self._limited)
+
+
+def _unused_by(own: Resources, quota: Quota) -> Resources:
+    def left(limit: float | None, value: float) -> float:
+        return 0 if limit is None else max(0, limit - value)
+
+    return Resources(
+        left(quota.cpus, own.cpus),
+        int(left(quota.memory, own.memory)),
+        int(left(quota.gpus, own.gpus)),
+        int(left(quota.clusters, own.clusters)),
+        int(left(quota.nodes, own.nodes)),
+    )
 
 
 def _machines(value: Resources) -> Resources:
@@ -322,27 +350,6 @@ def share(usage: Resources, quota: Quota) -> float:
         getattr(usage, name) / limit for name in RESOURCES if (limit := getattr(quota, name)) is not None and limit > 0
     ]
     return max(fractions, default=0.0)
-
-
-def _idle(
-    used: Mapping[str, Resources], lent: Mapping[str, Resources], quotas: Mapping[str, Quota], borrower: str
-) -> Resources:
-    """What other teams' quotas leave unused, less what borrowers already use of it (limited resources only)."""
-    everyone = _unused(used, lent, quotas)
-    own = _unused(used, lent, {borrower: quotas[borrower]}) if borrower in quotas else Resources()
-    return everyone - own - sum(lent.values(), Resources())
-
-
-def _unused(used: Mapping[str, Resources], lent: Mapping[str, Resources], quotas: Mapping[str, Quota]) -> Resources:
-    """Quota the teams leave unused (their own usage only: borrowed work is not theirs to count)."""
-    idle = dict.fromkeys(RESOURCES, 0.0)
-    for team, quota in quotas.items():
-        own = used.get(team, Resources()) - lent.get(team, Resources())
-        for name in RESOURCES:
-            limit = getattr(quota, name)
-            if limit is not None:
-                idle[name] += max(0.0, limit - getattr(own, name))
-    return Resources(idle["cpus"], int(idle["memory"]), int(idle["gpus"]), int(idle["clusters"]), int(idle["nodes"]))
 
 
 def _limited(demand: Resources, quota: Quota) -> Resources:
