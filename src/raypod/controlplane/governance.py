@@ -171,7 +171,7 @@ class GovernanceService:
             self._decided_at = fingerprint
             views = self.store.list()
             queued = [v for v in views if v.queued and not v.deleting]
-            if not queued and not any(v.queue_reason == BORROWED and not v.deleting for v in views):
+            if not queued and not any(v.queue_reason == BORROWED for v in views):
                 return  # nothing waits and nothing borrowed may have to be given back
             teams = self._teams()
             by_uid = {v.uid: v for v in views}
@@ -250,10 +250,11 @@ class GovernanceService:
         )
 
     def _running(self, views: Iterable[state.ClusterView], teams: dict[str, str]) -> list[admission.Running]:
+        """Admitted clusters, those being deleted included: their nodes hold the machines until they are gone."""
         return [
             admission.Running(self._workload(v, teams), borrowed=v.queue_reason == BORROWED)
             for v in views
-            if not v.queued and not v.deleting
+            if not v.queued
         ]
 
     def _quota_views(self) -> builtins.list[state.QuotaView]:
@@ -263,12 +264,10 @@ class GovernanceService:
         borrowed: dict[str, admission.Resources] = {}
         queued: dict[str, int] = {}
         for view in views:
-            if view.deleting:
-                continue
             team = teams.get(view.spec.namespace, view.spec.namespace)
             if view.queued:
-                queued[team] = queued.get(team, 0) + 1
-                continue
+                queued[team] = queued.get(team, 0) + (0 if view.deleting else 1)
+                continue  # a cluster being deleted holds its nodes until they are gone: it counts below
             demand = self.demand(view.spec)
             usage[team] = usage.get(team, admission.Resources()) + demand
             if view.queue_reason == BORROWED:
