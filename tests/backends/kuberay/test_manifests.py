@@ -14,12 +14,17 @@ from raypod import spec as spec_mod
 from raypod.backends.kuberay import manifests
 
 
-@pytest.fixture(scope="module")
-def raycluster_schema(kuberay_crds: Path) -> dict[str, Any]:
-    crd = yaml.safe_load((kuberay_crds / "ray.io_rayclusters.yaml").read_text())
+def crd_schema(path: Path) -> dict[str, Any]:
+    """The v1 openAPIV3Schema of a KubeRay CRD file."""
+    crd = yaml.safe_load(path.read_text())
     version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
     schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
     return schema
+
+
+@pytest.fixture(scope="module")
+def raycluster_schema(kuberay_crds: Path) -> dict[str, Any]:
+    return crd_schema(kuberay_crds / "ray.io_rayclusters.yaml")
 
 
 SPECS = [
@@ -92,10 +97,7 @@ def test_a_field_an_older_kuberay_lacks_is_named(raycluster_schema: dict[str, An
 
 @pytest.fixture(scope="module")
 def rayjob_schema(kuberay_crds: Path) -> dict[str, Any]:
-    crd = yaml.safe_load((kuberay_crds / "ray.io_rayjobs.yaml").read_text())
-    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
-    schema: dict[str, Any] = version["schema"]["openAPIV3Schema"]
-    return schema
+    return crd_schema(kuberay_crds / "ray.io_rayjobs.yaml")
 
 
 @pytest.mark.parametrize("data", SPECS, ids=[s["name"] for s in SPECS])
