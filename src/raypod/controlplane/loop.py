@@ -142,13 +142,14 @@ class Reconciler:
 
     def reconcile(self, view: state.ClusterView) -> bool:
         """One pass for one cluster; return whether it is settled."""
+        applied = True
         if base.Feature.DECLARATIVE in self.backend.features:
             try:
                 # A queued cluster has no object on the backend: KubeRay would start its pods.
                 self.backend.apply(view.uid, view.spec, deleting=view.deleting or view.queued)
             except errors.RaypodError as exc:  # observed all the same: what cannot be seen shows as unknown
                 self._record(view, state.EventType.WARNING, "FailedToApply", exc.message[:2000], None)
-                self._back_off(view.uid)
+                applied = False
         observed = self.backend.observe(view.uid)
         healths, transitions = self.health.assess(view, observed)
         for transition in transitions:
@@ -189,7 +190,7 @@ class Reconciler:
             self._quiet.pop(view.uid, None)
             self._failures.pop(view.uid, None)
             return True
-        if any(o.error is not None for o in outcomes):
+        if any(o.error is not None for o in outcomes) or not applied:
             self._back_off(view.uid)
         else:
             self._failures.pop(view.uid, None)
