@@ -148,12 +148,17 @@ def main() -> None:
         created_s = time.perf_counter() - started
         deadline = time.monotonic() + 600
         while True:
-            ready = sum(1 for view in list_all(http) if view["status"]["phase"] == "Ready")
+            # Degraded counts as settled: a cluster hit by several of the random failures is held by the flapping
+            # guard, as it should be.
+            ready = sum(1 for view in list_all(http) if view["status"]["phase"] in ("Ready", "Degraded"))
             if ready == args.clusters or time.monotonic() > deadline:
                 break
             time.sleep(1)
         all_ready_s = time.perf_counter() - started
-        print(f"{args.clusters} clusters created in {created_s:.1f} s, {ready} ready after {all_ready_s:.1f} s")
+        print(
+            f"{args.clusters} clusters created in {created_s:.1f} s, {ready} settled after {all_ready_s:.1f} s",
+            flush=True,
+        )
 
         stop = threading.Event()
         list_ms: list[float] = []

@@ -122,6 +122,8 @@ class GovernanceService:
         self.check_priority(spec)
         if not self.admits:
             return False, ""
+        if self.pool() is None and not self.store.quotas() and not self.store.any_queued():
+            return False, ""  # nothing limits it and nothing waits before it: no need to read every cluster
         with self._lock:
             views = self.store.list()
             teams = self._teams()

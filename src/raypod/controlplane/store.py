@@ -191,6 +191,10 @@ class Store:
         with self.engine.begin() as connection:
             connection.execute(clusters.update().where(clusters.c.uid == uid).values(deleting=True, updated_at=now()))
 
+    def any_queued(self) -> bool:
+        with self.engine.connect() as connection:
+            return connection.execute(sa.select(clusters.c.uid).where(clusters.c.queued).limit(1)).first() is not None
+
     def fingerprint(self) -> tuple[object, ...]:
         """Changes whenever a cluster is added, removed, changes spec, is marked for deletion, queued or admitted
         (not when only its status changes): a cheap test for "anything new to decide?"."""
