@@ -42,6 +42,7 @@ def db(tmp_path: Path) -> store.Store:
 def backend(emulator: Emulator) -> Iterator[kuberay.KubeRayBackend]:
     made = kuberay.KubeRayBackend(emulator.api, request_timeout_s=2.0)
     yield made
+    emulator.relay.close()  # ends the watches in flight, so the informers' threads stop at once
     made.close()
 
 
@@ -205,6 +206,7 @@ def test_a_watch_told_410_gone_lists_again_and_keeps_serving(emulator: Emulator)
         assert informer.get("default", "late-pod") is not None, "the watch did not resume after the re-list"
         assert informer.synced
     finally:
+        emulator.relay.close()
         informer.stop()
 
 

@@ -305,9 +305,10 @@ class KubeRayBackend:
         return ray_jobs.RayJobApi(dashboard_url, self.dashboard_headers(cluster_id), httpx.Client(timeout=30))
 
     def close(self) -> None:
-        self.clusters.stop()
-        self.rayjobs.stop()
-        self.pods.stop()
+        for informer in (self.clusters, self.rayjobs, self.pods):
+            informer.stop(timeout_s=0)  # all three told first, then each waited for
+        for informer in (self.clusters, self.rayjobs, self.pods):
+            informer.stop()
 
     # -- RayJobRunner --------------------------------------------------------------------------------------
 

@@ -8,8 +8,10 @@ reached the cache keeps what it had and says it is stale, so callers report *unk
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -56,14 +58,28 @@ class Informer:
         self._error = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._response: Any = None  # the watch in flight, closed by stop()
         self.lists = 0  # how many times it listed: once, plus once per 410 or outage
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"raypod-watch-{self.kind}", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop watching; waits up to ``timeout_s`` for the thread (a watch in flight ends at its next event, or
+        when its connection does)."""
         self._stop.set()
+        with self._lock:
+            response, self._response = self._response, None
+        if response is not None:
+            # Shutting the socket down (not closing the response, whose buffer lock the blocked read holds) makes
+            # the watch's read return at once.
+            sock = getattr(getattr(response, "connection", None), "sock", None)
+            with contextlib.suppress(OSError):
+                if sock is not None:
+                    sock.shutdown(socket.SHUT_RDWR)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=timeout_s)
 
     @property
     def synced(self) -> bool:
@@ -149,12 +165,16 @@ class Informer:
             _preload_content=False,
             _request_timeout=(self._request_timeout_s, self._watch_timeout_s + self._request_timeout_s),
         )
+        with self._lock:
+            self._response = response
         try:
             for event in _events(response):
                 if self._stop.is_set():
                     return
                 self._apply(event)
         finally:
+            with self._lock:
+                self._response = None
             response.release_conn()
 
     def _apply(self, event: dict[str, Any]) -> None:
