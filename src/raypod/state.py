@@ -144,6 +144,9 @@ class ClusterView(BaseModel):
     deleting: bool = False
     queued: bool = Field(False, description="Waiting in the governance queue: no node runs until it is admitted.")
     queue_reason: str = ""
+    preempted_until: datetime | None = Field(
+        None, description="Preempted: its nodes keep running until then, so its work can save a checkpoint."
+    )
 
 
 # -- jobs ----------------------------------------------------------------------------------------------------

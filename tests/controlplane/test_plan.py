@@ -319,3 +319,15 @@ def test_an_unhealthy_head_replaced_without_gcs_fault_tolerance_restarts_the_wor
         ("DeleteNode", "head", "RemovedUnhealthyNode"),
         ("CreateNode", "head", "ReplacedNode"),
     ]
+
+
+def test_a_preempted_clusters_head_runs_until_its_grace_ends_its_workers_are_drained() -> None:
+    seen = observed(node("head"), node("cpu-0"))
+    during = plan.park(seen, now=NOW, features=DRAIN, grace_until=NOW + 30)
+    assert summary(during) == [("DrainNode", "cpu-0", "DrainedNode")]
+    assert plan.park(observed(node("head")), now=NOW + 29, features=DRAIN, grace_until=NOW + 30) == []
+    after = plan.park(observed(node("head")), now=NOW + 30, features=DRAIN, grace_until=NOW + 30)
+    assert summary(after) == [("DeleteNode", "head", "DeletedNode")]
+    # A head that is not running has nothing to save: no grace.
+    dead = plan.park(observed(node("head", Phase.DEAD)), now=NOW, features=DRAIN, grace_until=NOW + 30)
+    assert summary(dead) == [("DeleteNode", "head", "DeletedNode")]

@@ -22,9 +22,9 @@ from .conftest import make_user
 Headers = dict[str, str]
 
 
-def app_client(home: Path, **settings: Any) -> TestClient:
+def app_client(home: Path, backend: FakeBackend | None = None, **settings: Any) -> TestClient:
     options = config.Settings(home=home, reconcile_interval_s=0.05, tls=False, **settings)
-    return TestClient(create_app(options, backend=FakeBackend()), raise_server_exceptions=False)
+    return TestClient(create_app(options, backend=backend or FakeBackend()), raise_server_exceptions=False)
 
 
 @pytest.fixture
@@ -184,6 +184,53 @@ def test_a_higher_priority_cluster_preempts_a_lower_one_which_comes_back_later(g
     assert "priority 1000" in preempted["message"] and preempted["type"] == "Warning"
     gov.delete("/api/v1/namespaces/default/clusters/urgent", headers=root).raise_for_status()
     wait_phase(gov, root, "default", "batch", "Ready")
+
+
+def test_a_preempted_clusters_job_is_told_given_its_grace_and_submitted_again_without_using_a_retry(
+    tmp_path: Path,
+) -> None:
+    backend = FakeBackend()
+    with app_client(tmp_path, backend, pool_cpus=2, drain_timeout_s=1.5) as gov:
+        root = {"Authorization": f"Bearer {json.loads((tmp_path / 'credentials').read_text())['token']}"}
+        gov.post("/api/v1/clusters", json=cluster("batch", workers=0, priority="low"), headers=root)
+        wait_phase(gov, root, "default", "batch", "Ready")
+        uid = gov.get("/api/v1/namespaces/default/clusters/batch", headers=root).json()["uid"]
+        job = gov.post(
+            "/api/v1/namespaces/default/clusters/batch/jobs", json={"entrypoint": "python train.py"}, headers=root
+        ).json()
+        gov.post("/api/v1/clusters", json=cluster("urgent", workers=1, priority="high"), headers=root)
+        wait_phase(gov, root, "default", "batch", "Queued")
+        preempted_at = time.time()
+        view = gov.get("/api/v1/namespaces/default/clusters/batch", headers=root).json()
+        assert view["preempted_until"] is not None, view
+        assert ("notify_preemption", uid, "preempted for default/urgent (priority 1000)") in backend.calls
+        # The head keeps running through the grace, so the job can save a checkpoint; then it stops.
+        assert backend.nodes[uid].get("head") is not None
+        wait_until(lambda: "JobPreempted" in reasons(gov, root, "default", "batch"), "the job told it was preempted")
+        assert time.time() - preempted_at >= 1.0, "the head was stopped before its grace ended"
+        waiting = gov.get(f"/api/v1/jobs/{job['id']}", headers=root).json()
+        assert waiting["status"] == "RETRYING" and waiting["attempts"][-1]["status"] == "PREEMPTED"
+        assert len(waiting["attempts"]) == 1, "a preempted cluster's job was submitted again while it waits"
+        gov.delete("/api/v1/namespaces/default/clusters/urgent", headers=root).raise_for_status()
+        wait_phase(gov, root, "default", "batch", "Ready")
+        again = wait_until(
+            lambda: (j := gov.get(f"/api/v1/jobs/{job['id']}", headers=root).json())["status"] == "RUNNING" and j,
+            "the job submitted again",
+        )
+        assert [a["status"] for a in again["attempts"]] == ["PREEMPTED", "RUNNING"]
+        # The preempted attempt did not use up the job's retries (it has none): a failure now ends it.
+        backend.finish_job(uid, again["attempts"][-1]["submission_id"], "FAILED")
+        wait_until(
+            lambda: gov.get(f"/api/v1/jobs/{job['id']}", headers=root).json()["status"] == "FAILED", "the job failed"
+        )
+
+
+def wait_until(check: Any, what: str, timeout: float = 15) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return found
 
 
 def test_a_restart_keeps_quotas_the_queue_and_its_order(tmp_path: Path) -> None:

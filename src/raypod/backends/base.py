@@ -74,6 +74,11 @@ class Backend(Protocol):
 
     def drain_node(self, cluster_id: str, name: str, ray_node_id: str, deadline: float, reason: str) -> None: ...
 
+    def notify_preemption(self, cluster_id: str, deadline: float, reason: str) -> None:
+        """Tell the work running on the cluster that its nodes stop at ``deadline`` (epoch seconds): the notice
+        ``raypod.checkpoint.preemption.notice()`` reads inside Ray. Raises where it cannot be told."""
+        ...
+
     def delete_node(self, cluster_id: str, name: str, *, quarantine_s: float = 0.0) -> None:
         """Stop the node for good. ``quarantine_s`` > 0: it is being replaced, so its slot (ports, session
         directory, host) must not be reused for that long."""

@@ -113,6 +113,10 @@ class FakeBackend:
             if node:
                 self.nodes[cluster_id][name] = _replace(node, phase=state.NodePhase.DRAINING, drain_deadline=deadline)
 
+    def notify_preemption(self, cluster_id: str, deadline: float, reason: str) -> None:
+        with self._lock:
+            self.calls.append(("notify_preemption", cluster_id, reason))
+
     def delete_node(self, cluster_id: str, name: str, *, quarantine_s: float = 0.0) -> None:
         with self._lock:
             self.calls.append(("delete", cluster_id, name))

@@ -31,6 +31,7 @@ import psutil
 from raypod import config, errors, state
 from raypod import spec as spec_mod
 from raypod.backends import _ports, base, commands, ray_jobs
+from raypod.capabilities.governance import notice as governance_notice
 from raypod.capabilities.hangwatch import layout as hangwatch_layout  # a leaf module: paths and names only
 from raypod.capabilities.spaces import ide as space_ide
 
@@ -395,6 +396,20 @@ class LocalBackend:
             raise errors.TransientError(f"Ray refused to drain node {name}: {rejection}")
         record.drain_deadline = deadline
         self._write_node(cluster_id, record)
+
+    def notify_preemption(self, cluster_id: str, deadline: float, reason: str) -> None:
+        cluster = self._read_cluster(cluster_id)
+        if cluster is None:
+            return
+        notice = governance_notice.Notice(deadline, reason)
+        try:
+            with self._as_cluster(cluster_id):
+                self._gcs_client(cluster_id, cluster.gcs_port).internal_kv_put(
+                    governance_notice.KEY, notice.encode(), True, governance_notice.NAMESPACE
+                )
+        except Exception as exc:
+            self._gcs_clients.pop(cluster_id, None)
+            raise errors.TransientError(f"cannot leave the preemption notice in the cluster's Ray: {exc}") from exc
 
     def delete_node(self, cluster_id: str, name: str, *, quarantine_s: float = 0.0) -> None:
         record = self._read_nodes(cluster_id).get(name)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import builtins
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from typing import Any
 
 from raypod import errors, state
@@ -35,8 +37,10 @@ class GovernanceService:
         pool_memory: int | None = None,
         pool_gpus: int | None = None,
         wake: Callable[[str], None] = lambda uid: None,
+        grace_s: float = 30.0,
         admits: bool = True,
     ) -> None:
+        self.grace_s = grace_s  # a preempted cluster's work is told, and has this long to save a checkpoint
         self.admits = admits  # False where Kueue admits (raypod's quotas are then exported to it)
         self.store = db
         self.identities = identities
@@ -188,21 +192,38 @@ class GovernanceService:
                 borrowed = uid in decided.borrowed
                 note = " on quota borrowed from other teams" if borrowed else ""
                 changed.append((by_uid[uid], False, BORROWED if borrowed else "", "Admitted", f"admitted{note}"))
+            grace_until = store.now() + timedelta(seconds=self.grace_s)
             for uid, why in decided.preempted.items():
-                changed.append((by_uid[uid], True, f"preempted: {why}", "Preempted", f"preempted: {why}; queued again"))
+                why = _named(why, by_uid)
+                message = f"preempted {why}; its work has {self.grace_s:g} s to save a checkpoint, then it is queued"
+                changed.append((by_uid[uid], True, f"preempted {why}", "Preempted", message))
             for view in queued:
                 if view.uid not in decided.admitted:
-                    reason = decided.why_waiting(view.uid)
+                    reason = _named(decided.why_waiting(view.uid), by_uid)
                     if reason != view.queue_reason:
                         changed.append((view, True, reason, "", ""))
             for view, is_queued, reason, event, message in changed:
-                self.store.set_queued(view.uid, is_queued, reason)
+                preempted = event == "Preempted"
+                self.store.set_queued(view.uid, is_queued, reason, grace_until if preempted else None)
                 if event:
-                    kind = state.EventType.WARNING if event == "Preempted" else state.EventType.NORMAL
+                    kind = state.EventType.WARNING if preempted else state.EventType.NORMAL
                     self.store.record(view, kind, event, message)
-        for view, _, _, event, _ in changed:
+        for view, _, reason, event, _ in changed:
+            if event == "Preempted":
+                self._notify(view, grace_until.timestamp(), reason)
+            elif event == "Admitted" and view.preempted_until and view.preempted_until > store.now():
+                self._notify(view, 0.0, "withdrawn: admitted again")  # a past deadline: no notice
             if event:
                 self.wake(view.uid)
+
+    def _notify(self, view: state.ClusterView, deadline: float, reason: str) -> None:
+        """Leave the preemption notice in the cluster's Ray; a cluster that cannot be told still gets its grace."""
+        try:
+            self.backend.notify_preemption(view.uid, deadline, reason)
+        except errors.RaypodError as exc:
+            self.store.record(
+                view, state.EventType.WARNING, "PreemptionNoticeFailed", f"its work was not told: {exc.message}"
+            )
 
     def demand(self, spec: spec_mod.ClusterSpec) -> admission.Resources:
         nodes = spec.desired_nodes()
@@ -284,6 +305,19 @@ class GovernanceService:
             )
             for team, quota in sorted(self.store.quotas().items())
         ]
+
+
+_UID = re.compile(r"\b[0-9a-f]{16}\b")
+
+
+def _named(text: str, by_uid: dict[str, state.ClusterView]) -> str:
+    """``text`` with the admission's cluster ids as the ``namespace/name`` users know."""
+
+    def name(found: re.Match[str]) -> str:
+        view = by_uid.get(found.group())
+        return f"{view.spec.namespace}/{view.spec.name}" if view else found.group()
+
+    return _UID.sub(name, text)
 
 
 def _amounts(value: admission.Resources) -> dict[str, float]:

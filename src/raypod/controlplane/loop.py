@@ -168,7 +168,13 @@ class Reconciler:
         recovery = self._recovery(view, observed, healths)
         parked = view.queued and not view.deleting
         if parked:
-            planned = plan.park(observed, now=time.time(), features=self.backend.features, settings=self.settings)
+            planned = plan.park(
+                observed,
+                now=time.time(),
+                features=self.backend.features,
+                settings=self.settings,
+                grace_until=view.preempted_until.timestamp() if view.preempted_until else None,
+            )
         else:
             planned = plan.plan(
                 view.spec,

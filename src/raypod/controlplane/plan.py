@@ -177,14 +177,19 @@ def park(
     now: float,
     features: frozenset[base.Feature],
     settings: PlanSettings = DEFAULT_SETTINGS,
+    grace_until: float | None = None,
 ) -> list[actions.Action]:
     """A queued or preempted cluster runs no node: workers are drained first where the backend can (their work
-    has the drain's time to finish or checkpoint), then removed; the head goes last. Unknown nodes are left."""
+    has the drain's time to finish or checkpoint), then removed; the head goes last, and not before
+    ``grace_until`` while it runs (a preempted cluster's jobs were told, and save a checkpoint meanwhile).
+    Unknown nodes are left."""
     workers = [node for node in _workers(observed) if node.phase is not state.NodePhase.UNKNOWN]
     planned = [found for node in workers if (found := _retire(node, now, features, settings)) is not None]
     head = observed.nodes.get(HEAD)
     if not workers and head is not None and head.phase is not state.NodePhase.UNKNOWN:
-        planned.append(actions.DeleteNode(head.name, "DeletedNode", "queued: its nodes wait for admission"))
+        in_grace = grace_until is not None and now < grace_until and head.phase is state.NodePhase.RUNNING
+        if not in_grace:
+            planned.append(actions.DeleteNode(head.name, "DeletedNode", "queued: its nodes wait for admission"))
     return planned
 
 

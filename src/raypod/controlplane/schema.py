@@ -22,6 +22,8 @@ clusters = sa.Table(
     # Governance: a queued cluster runs no node until admitted (or again, once preempted); the reason says why.
     sa.Column("queued", sa.Boolean, nullable=False, default=False, server_default=sa.false()),
     sa.Column("queue_reason", sa.Text, nullable=False, default="", server_default=""),
+    # A preempted cluster's nodes run until then: its work was told, and has that long to save a checkpoint.
+    sa.Column("preempted_until", sa.DateTime(timezone=True), nullable=True),
     sa.UniqueConstraint("namespace", "name", name="uq_clusters_namespace_name"),
 )
 

@@ -13,6 +13,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import command
@@ -166,10 +167,13 @@ class Store:
                 .values(spec=spec.model_dump_json(), generation=clusters.c.generation + 1, updated_at=now())
             )
 
-    def set_queued(self, uid: str, queued: bool, reason: str = "") -> None:
-        """Queue the cluster (``reason``: why it waits) or admit it (``reason``: a note, such as borrowed)."""
+    def set_queued(self, uid: str, queued: bool, reason: str = "", preempted_until: datetime | None = None) -> None:
+        """Queue the cluster (``reason``: why it waits; ``preempted_until``: a preempted cluster's grace, kept while
+        it waits when not given) or admit it (``reason``: a note, such as borrowed; the grace ends)."""
+        values: dict[str, Any] = {"queued": queued, "queue_reason": reason, "updated_at": now()}
+        if preempted_until is not None or not queued:
+            values["preempted_until"] = preempted_until
         with self.engine.begin() as connection:
-            values = {"queued": queued, "queue_reason": reason, "updated_at": now()}
             connection.execute(clusters.update().where(clusters.c.uid == uid).values(**values))
 
     # -- quotas ------------------------------------------------------------------------------------------
@@ -365,6 +369,7 @@ def _view(row: sa.Row[tuple[object, ...]]) -> state.ClusterView:
         deleting=bool(mapping["deleting"]),
         queued=bool(mapping["queued"]),
         queue_reason=mapping["queue_reason"],
+        preempted_until=aware(mapping["preempted_until"]) if mapping["preempted_until"] else None,
     )
 
 

@@ -43,6 +43,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
             pool_cpus=settings.pool_cpus,
             pool_memory=settings.pool_memory,
             pool_gpus=settings.pool_gpus,
+            grace_s=settings.drain_timeout_s,
             admits=not settings.kueue,
         )
         reconciler = loop.Reconciler(

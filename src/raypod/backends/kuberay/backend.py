@@ -232,6 +232,11 @@ class KubeRayBackend:
     def drain_node(self, cluster_id: str, name: str, ray_node_id: str, deadline: float, reason: str) -> None:
         raise errors.PermanentError("draining is KubeRay's on Kubernetes (its autoscaler drains before scale-down)")
 
+    def notify_preemption(self, cluster_id: str, deadline: float, reason: str) -> None:
+        raise errors.PermanentError(
+            "preemption notices do not reach pods yet: on Kubernetes the run has only the pods' termination grace"
+        )
+
     def delete_node(self, cluster_id: str, name: str, *, quarantine_s: float = 0.0) -> None:
         """Delete the node's pod, so KubeRay starts a fresh one; while a group scales down KubeRay picks the pods
         it removes, and raypod deletes none of its own."""

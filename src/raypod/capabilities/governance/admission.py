@@ -225,7 +225,7 @@ def admit(
                 )
                 victims = _make_room(item, current, _machines(total - pool), result.preempted, within_quota=not borrow)
                 for victim in victims:
-                    result.preempted[victim] = f"preempted for {item.id} (priority {item.priority})"
+                    result.preempted[victim] = f"for {item.id} (priority {item.priority})"
                 result.waiting[item.id] = why + (f"; preempting {', '.join(victims)}" if victims else "")
                 break
             result.admitted.append(item.id)
@@ -245,7 +245,7 @@ def admit(
         result.waiting[late] = "the quota it would borrow is needed by the team that lends it"
         ledger.add(item.team, item.demand, borrowed=True, sign=-1)
     for victim in _reclaim(current, ledger, result.preempted):
-        result.preempted[victim] = "its borrowed quota is needed back by the team that lent it"
+        result.preempted[victim] = "because its borrowed quota is needed back by the team that lent it"
     return replace(result, blocked_by=blocked.id if blocked else None)
 
 

@@ -9,6 +9,9 @@ from raypod import spec as spec_mod
 from raypod import state
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+# An attempt whose cluster governance preempted: it is submitted again once the cluster is admitted, and it does
+# not count as one of the job's retries (the job did not fail).
+PREEMPTED = "PREEMPTED"
 
 
 class Decision(StrEnum):
@@ -31,7 +34,7 @@ def decide(job: state.JobView, ray_status: str, now: datetime) -> tuple[Decision
         return Decision.SUCCEED, None
     if ray_status == "STOPPED" or job.stop_requested:
         return Decision.STOP, None
-    retries_used = len(job.attempts) - 1
+    retries_used = sum(1 for attempt in job.attempts[:-1] if attempt.status != PREEMPTED)
     if retries_used >= job.spec.max_retries:
         return Decision.FAIL, None
     delay = min(job.spec.backoff_s * 2**retries_used, spec_mod.MAX_JOB_BACKOFF_S)

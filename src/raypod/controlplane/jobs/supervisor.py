@@ -85,11 +85,11 @@ class JobSupervisor(Periodic):
             self.jobs.records.save(job.model_copy(update={"status": state.JobStatus.FAILED}))
             return
         if job.status is state.JobStatus.RETRYING:
-            if job.next_attempt_at and now >= job.next_attempt_at and not job.stop_requested:
+            if job.stop_requested:
+                self.jobs.records.save(job.model_copy(update={"status": state.JobStatus.STOPPED}))
+            elif job.next_attempt_at and now >= job.next_attempt_at and _runs(view):
                 self.jobs.submit_attempt(view, job)
                 self.jobs.records.save(job)
-            elif job.stop_requested:
-                self.jobs.records.save(job.model_copy(update={"status": state.JobStatus.STOPPED}))
             return
         current = job.attempts[-1]
         if job.spec.as_rayjob:
@@ -101,6 +101,13 @@ class JobSupervisor(Periodic):
             # Ray answers but has no record of it: the head was replaced without GCS fault tolerance and its job
             # table went with it. The attempt is lost, which counts as failed (and is retried per its policy).
             info = {"status": "FAILED", "message": LOST_ATTEMPT}
+        except errors.RaypodError:
+            if not view.queued:
+                raise
+            info = {"status": "FAILED"}  # the preempted cluster's head is gone: so is the attempt
+        if view.queued and info.get("status") in ("FAILED", "STOPPED") and not job.stop_requested:
+            self._preempted(view, job, current)
+            return
         current.status, current.message = str(info.get("status", "")), str(info.get("message") or "")[:500]
         decision, when = retry.decide(job, current.status, now)
         if decision is retry.Decision.WAIT:
@@ -110,6 +117,22 @@ class JobSupervisor(Periodic):
             status = retry.STATUS_OF[decision]
         self.jobs.records.save(job.model_copy(update={"status": status, "next_attempt_at": when}))
 
+    def _preempted(self, view: state.ClusterView, job: state.JobView, current: state.Attempt) -> None:
+        """The attempt ended because governance preempted its cluster: a raypod job is submitted again once the
+        cluster is admitted (its run resumes from its last checkpoint), without using up a retry; a job that
+        plain Ray tooling submitted cannot be resubmitted by raypod and fails."""
+        current.status = retry.PREEMPTED
+        resubmitted = job.submitted_via is state.SubmittedVia.RAYPOD
+        then = "it is submitted again when the cluster is admitted" if resubmitted else "it was not submitted by raypod"
+        current.message = f"its cluster was {view.queue_reason}; {then}"[:500]
+        status = state.JobStatus.RETRYING if resubmitted else state.JobStatus.FAILED
+        self.jobs.records.save(
+            job.model_copy(update={"status": status, "next_attempt_at": store.now() if resubmitted else None})
+        )
+        self.jobs.clusters.store.record(
+            view, state.EventType.WARNING, "JobPreempted", f"job {job.id} attempt {len(job.attempts)}: {then}"
+        )
+
     def _follow_rayjob(self, job: state.JobView, current: state.Attempt) -> None:
         """A RayJob's status as KubeRay reports it: KubeRay retries it (backoffLimit), raypod only follows."""
         found = self.jobs.rayjobs().rayjob_status(job.namespace, job.id)
@@ -118,6 +141,11 @@ class JobSupervisor(Periodic):
         current.status, current.message = found[0], found[1][:500]
         status = RAYJOB_STATUSES.get(current.status, state.JobStatus.PENDING)
         self.jobs.records.save(job.model_copy(update={"status": status}))
+
+
+def _runs(view: state.ClusterView) -> bool:
+    """Whether the cluster can take a submission: admitted, and its dashboard up."""
+    return not view.queued and not view.deleting and bool(view.status.endpoints.get("dashboard"))
 
 
 RAYJOB_STATUSES = {
