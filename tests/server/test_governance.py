@@ -195,8 +195,15 @@ def test_a_preempted_clusters_job_is_told_given_its_grace_and_submitted_again_wi
         gov.post("/api/v1/clusters", json=cluster("batch", workers=0, priority="low"), headers=root)
         wait_phase(gov, root, "default", "batch", "Ready")
         uid = gov.get("/api/v1/namespaces/default/clusters/batch", headers=root).json()["uid"]
+        uploaded = gov.post(
+            "/api/v1/namespaces/default/clusters/batch/working-dirs",
+            files=[("files", ("proj/train.py", b"print('train')\n"))],
+            headers=root,
+        ).json()["uri"]
         job = gov.post(
-            "/api/v1/namespaces/default/clusters/batch/jobs", json={"entrypoint": "python train.py"}, headers=root
+            "/api/v1/namespaces/default/clusters/batch/jobs",
+            json={"entrypoint": "python train.py", "runtime_env": {"working_dir": uploaded}},
+            headers=root,
         ).json()
         gov.post("/api/v1/clusters", json=cluster("urgent", workers=1, priority="high"), headers=root)
         wait_phase(gov, root, "default", "batch", "Queued")
@@ -218,6 +225,8 @@ def test_a_preempted_clusters_job_is_told_given_its_grace_and_submitted_again_wi
             "the job submitted again",
         )
         assert [a["status"] for a in again["attempts"]] == ["PREEMPTED", "RUNNING"]
+        # The head's restart lost the uploaded working dir with its GCS; raypod kept it and uploaded it again.
+        assert backend.packages[uid] == {uploaded.removeprefix("gcs://")}
         # The preempted attempt did not use up the job's retries (it has none): a failure now ends it.
         backend.finish_job(uid, again["attempts"][-1]["submission_id"], "FAILED")
         wait_until(

@@ -36,6 +36,7 @@ class FakeBackend:
         self._lock = threading.Lock()
         self.nodes: dict[str, dict[str, state.ObservedNode]] = {}
         self.calls: list[tuple[str, str, str]] = []
+        self.packages: dict[str, set[str]] = {}  # cluster id -> gcs:// packages its (emulated) GCS holds
         self.fail_next_create: str | None = None
         self.no_capacity: set[str] = set()  # node names whose every create fails, as on a full host
         self.held_starting: set[str] = set()  # node names that stay Starting until removed from this set
@@ -121,6 +122,8 @@ class FakeBackend:
         with self._lock:
             self.calls.append(("delete", cluster_id, name))
             self.nodes.get(cluster_id, {}).pop(name, None)
+            if name == "head":  # without GCS fault tolerance the GCS goes with its head, and what it held
+                self.packages.pop(cluster_id, None)
             if quarantine_s:
                 self.quarantined.append((cluster_id, name, quarantine_s))
 
@@ -190,8 +193,13 @@ class FakeBackend:
         path = "/".join(rest)
         with self._lock:
             found = self.ray_jobs.setdefault(cluster_id, {})
-            if request.method == "PUT" and path.startswith("api/packages/gcs/"):
-                return httpx.Response(200, json={})
+            if path.startswith("api/packages/gcs/"):
+                held = self.packages.setdefault(cluster_id, set())
+                name = path.removeprefix("api/packages/gcs/")
+                if request.method == "PUT":
+                    held.add(name)
+                    return httpx.Response(200, json={})
+                return httpx.Response(200 if name in held else 404, text="")
             if path == "api/jobs/" and request.method == "POST":
                 body = json.loads(request.content)
                 found[body["submission_id"]] = {**body, "status": "RUNNING", "metadata": body.get("metadata") or {}}

@@ -40,6 +40,15 @@ class RayJobApi:
         """Ray Serve's view of its applications (``GET /api/serve/applications/``), as ``serve status`` shows it."""
         return _object(self._call("GET", "/api/serve/applications/"))
 
+    def package_exists(self, package_name: str) -> bool:
+        """Whether the cluster's GCS holds the ``gcs://`` package (a head restarted without fault tolerance has
+        lost the ones uploaded before)."""
+        try:
+            self._call("GET", f"/api/packages/gcs/{package_name}")
+        except errors.NotFound:
+            return False
+        return True
+
     def upload_package(self, package_name: str, content: bytes | BinaryIO) -> None:
         """Put a ``_ray_pkg_<hash>.zip`` on the cluster's GCS, as Ray's own ``--working-dir`` upload does; a file
         is streamed in chunks."""

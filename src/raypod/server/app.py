@@ -65,7 +65,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         app.state.clusters = service.ClusterService(db, chosen, ids, wake=reconciler.wake, governance=governor)
         app.state.governance = governor
         app.state.gateway_routes = gateway.RouteCache(app.state.clusters)
-        app.state.jobs = jobs.JobService(app.state.clusters)
+        app.state.jobs = jobs.JobService(app.state.clusters, settings.home / "packages")
         app.state.serving = serving.ServingService(app.state.clusters, serving.ModelCatalog(db.engine))
         app.state.spaces = spaces.SpaceService(app.state.clusters, settings.home)
         supervisor = jobs.JobSupervisor(app.state.jobs, interval_s=min(settings.reconcile_interval_s, 1.0))

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import os
 import secrets
+import shutil
 import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import BinaryIO, cast
 
 from raypod import errors, state
@@ -21,9 +24,12 @@ from raypod.controlplane.jobs.records import TERMINAL_STATUSES, JobRecords
 class JobService:
     """raypod jobs on a cluster's Ray job API, through the client the cluster's backend provides."""
 
-    def __init__(self, clusters: service.ClusterService) -> None:
+    def __init__(self, clusters: service.ClusterService, packages_dir: Path | None = None) -> None:
         self.clusters = clusters
         self.records = JobRecords(clusters.store.engine)
+        # Uploaded working dirs, kept per cluster: a cluster whose head restarts without GCS fault tolerance (a
+        # preempted one, one whose head was replaced) loses them, and a later attempt uploads them again.
+        self.packages_dir = packages_dir
 
     def submit(self, caller: identity.Principal, namespace: str, cluster: str, spec: spec_mod.JobSpec) -> state.JobView:
         """Raises Forbidden (not owner/team admin), NotFound, Conflict (no dashboard), TransientError."""
@@ -147,11 +153,47 @@ class JobService:
             InvalidSpec: no files, an unsafe path, or too many bytes. Forbidden, NotFound, Conflict.
         """
         view = self.clusters.get(caller, namespace, cluster, identity.Verb.OPERATE)
-        with tempfile.SpooledTemporaryFile(max_size=packaging.CHUNK_BYTES) as spooled:
-            package = cast(BinaryIO, spooled)
-            name = packaging.write_package(files, package, limit)
-            self.api(view).upload_package(name, package)
+        if self.packages_dir is None:
+            with tempfile.SpooledTemporaryFile(max_size=packaging.CHUNK_BYTES) as spooled:
+                package = cast(BinaryIO, spooled)
+                name = packaging.write_package(files, package, limit)
+                self.api(view).upload_package(name, package)
+            return f"gcs://{name}"
+        self._forget_packages_of_gone_clusters()
+        kept = self.packages_dir / view.uid
+        kept.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with tempfile.NamedTemporaryFile(dir=kept, prefix=".upload-", delete=False) as written:
+            try:
+                name = packaging.write_package(files, cast(BinaryIO, written), limit)
+                self.api(view).upload_package(name, cast(BinaryIO, written))
+            except BaseException:
+                os.unlink(written.name)
+                raise
+        os.replace(written.name, kept / name)
         return f"gcs://{name}"
+
+    def _restore_packages(self, view: state.ClusterView, job: state.JobView) -> None:
+        """Upload again the working dir a later attempt needs, if the cluster lost it and raypod kept it."""
+        if self.packages_dir is None:
+            return
+        uri = str(job.spec.runtime_env.get("working_dir") or "")
+        name = uri.removeprefix("gcs://")
+        kept = self.packages_dir / view.uid / name
+        if not uri.startswith("gcs://") or "/" in name or not kept.is_file():
+            return
+        api = self.api(view)
+        if not api.package_exists(name):
+            with open(kept, "rb") as package:
+                api.upload_package(name, package)
+
+    def _forget_packages_of_gone_clusters(self) -> None:
+        assert self.packages_dir is not None
+        if not self.packages_dir.is_dir():
+            return
+        known = {view.uid for view in self.clusters.store.list()}
+        for folder in self.packages_dir.iterdir():
+            if folder.is_dir() and folder.name not in known:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def authorize_upload(self, caller: identity.Principal, namespace: str, cluster: str) -> None:
         """Raises what ``upload_working_dir`` would for the caller's rights, before any byte is read."""
@@ -159,6 +201,8 @@ class JobService:
 
     def submit_attempt(self, view: state.ClusterView, job: state.JobView) -> None:
         submission_id = f"{job.id}-{len(job.attempts) + 1}"
+        if job.attempts:
+            self._restore_packages(view, job)
         body = {
             "entrypoint": job.spec.entrypoint,
             "submission_id": submission_id,
