@@ -186,6 +186,10 @@ class IdentityService:
         _check_name(name, "team name")
         self._insert(teams, {"name": name, "created_at": store.now()}, f"team '{name}'")
 
+    def list_teams(self) -> builtins.list[str]:
+        with self.engine.connect() as connection:
+            return list(connection.execute(sa.select(teams.c.name).order_by(teams.c.name)).scalars().all())
+
     def team_exists(self, team: str) -> bool:
         with self.engine.connect() as connection:
             return connection.execute(sa.select(teams.c.name).where(teams.c.name == team)).first() is not None

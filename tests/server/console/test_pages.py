@@ -170,3 +170,41 @@ def test_events_api_searches_across_clusters(client: TestClient, admin: dict[str
     created = client.get("/api/v1/events", params={"text": "created", "limit": 2}, headers=admin).json()
     assert len(created) == 2 and all("created" in (e["reason"] + e["message"]).lower() for e in created)
     assert client.get("/api/v1/events", params={"type": "Nope"}, headers=admin).status_code == 422
+
+
+def test_quotas_page_shows_usage_beside_quota_and_the_queue_to_the_teams_members(
+    client: TestClient, admin: dict[str, str]
+) -> None:
+    ana = make_user(client, admin, "ana", "ml")
+    bo = make_user(client, admin, "bo", "web")
+    client.put("/api/v1/teams/ml/quota", json={"cpus": 1, "memory": "8Gi"}, headers=admin).raise_for_status()
+    small = {"head": {"cpus": 1, "memory": "1Gi"}, "namespace": "ml"}
+    client.post("/api/v1/clusters", json={"name": "first", **small}, headers=ana).raise_for_status()
+    client.post("/api/v1/clusters", json={"name": "second", "priority": "high", **small}, headers=ana)
+    wait_ready(client, ana, "ml", "first")
+
+    page = client.get("/quotas", headers=ana).text
+    row = re.search(r'<tr data-testid="quota-ml".*?</tr>', page, re.S)
+    assert row, page
+    cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td.*?>(.*?)</td>", row.group(0), re.S)]
+    assert cells[0] == "1 / 1" and cells[2] == "0 / -" and cells[-1] == "1"  # cpus, gpus, queued
+    queue = re.search(r'<table class="list" data-testid="queue">.*?</table>', page, re.S)
+    assert queue and "ml/second" in queue.group(0) and "team ml is at its quota: cpus 2/1" in queue.group(0)
+    assert 'id="quota-form"' not in page, "a team member who is not its admin was offered the quota form"
+    assert client.get("/quotas?regions=1", headers=ana).json().keys() == {"quotas", "queue"}
+
+    others = client.get("/quotas", headers=bo).text
+    assert "quota-ml" not in others and "ml/second" not in others and "Nothing waits." in others
+    offered = client.get("/quotas", headers=admin).text
+    assert 'id="quota-form"' in offered and '<option value="ml">ml</option>' in offered
+
+
+def test_new_cluster_form_offers_the_priority_classes(client: TestClient, admin: dict[str, str]) -> None:
+    form = client.get("/new", headers=admin).text
+    assert re.findall(
+        r'<option value="(\w+)"[^>]*>\w+</option>', form.split('id="f-priority"')[1].split("</select>")[0]
+    ) == [
+        "high",
+        "normal",
+        "low",
+    ]

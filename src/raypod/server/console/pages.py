@@ -20,7 +20,7 @@ import raypod
 from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.backends.kuberay import manifests
-from raypod.controlplane import hangs, identity, jobs, service, store
+from raypod.controlplane import governance, hangs, identity, jobs, service, store
 from raypod.server import auth
 from raypod.server.console import views
 from raypod.server.routes.clusters import NamePath
@@ -182,6 +182,9 @@ def new_cluster_page(request: Request) -> Response:
         "new_cluster.html",
         namespaces=_namespaces(request, principal),
         ray_version=spec_mod.DEFAULT_RAY_VERSION,
+        priorities=sorted(
+            _governance(request).priority_classes, key=_governance(request).priority_classes.__getitem__, reverse=True
+        ),
     )
 
 
@@ -262,6 +265,34 @@ def job_page(
         submission=job.attempts[shown - 1].submission_id if shown else "",
         terminal=job.status in views.TERMINAL_JOB_STATES,
         runtime_env=views.pretty_json(job.spec.runtime_env),
+        now=store.now(),
+        age=views.age,
+    )
+
+
+def _governance(request: Request) -> governance.GovernanceService:
+    svc: governance.GovernanceService = request.app.state.governance
+    return svc
+
+
+@router.get("/quotas")
+def quotas_page(request: Request) -> Response:
+    """Teams' quotas with what their clusters hold, and the queue in the order it will be admitted; team admins
+    set their teams' quotas here."""
+    principal = _viewer(request)
+    ids: identity.IdentityService = request.app.state.identities
+    svc = _governance(request)
+    teams = [t for t in ids.list_teams() if principal.is_admin or principal.teams.get(t) is state.Role.ADMIN]
+    return _render(
+        request,
+        principal,
+        "quotas.html",
+        ("quotas", "queue"),
+        quotas=[views.QuotaRow.of(view) for view in svc.list_quotas(principal)],
+        resources=views.QUOTA_RESOURCES,
+        entries=svc.queue(principal),
+        admin_teams=teams,
+        priorities=sorted(svc.priority_classes, key=svc.priority_classes.__getitem__, reverse=True),
         now=store.now(),
         age=views.age,
     )

@@ -142,3 +142,45 @@ def snippets(view: state.ClusterView) -> dict[str, str]:
 
 def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True) if value else ""
+
+
+QUOTA_RESOURCES = ("cpus", "memory", "gpus", "clusters", "nodes")
+
+
+@dataclass(frozen=True)
+class QuotaRow:
+    team: str
+    cells: dict[str, str]  # resource -> "used / limit" ("used / -" where unlimited)
+    over: frozenset[str]  # resources where usage exceeds the quota (it was lowered below usage)
+    borrowed: str
+    policy: str
+    borrow: bool
+    queued: int
+    quota: dict[str, Any]  # the quota as the set form edits it
+
+    @classmethod
+    def of(cls, view: state.QuotaView) -> QuotaRow:
+        cells, over = {}, set()
+        for resource in QUOTA_RESOURCES:
+            limit = getattr(view.quota, resource)
+            used = view.usage.get(resource, 0.0)
+            cells[resource] = f"{_amount(resource, used)} / {'-' if limit is None else _amount(resource, limit)}"
+            if limit is not None and used > limit:
+                over.add(resource)
+        borrowed = ", ".join(f"{name} {_amount(name, value)}" for name, value in view.borrowed.items() if value)
+        return cls(
+            team=view.team,
+            cells=cells,
+            over=frozenset(over),
+            borrowed=borrowed,
+            policy=view.quota.policy.value,
+            borrow=view.quota.borrow,
+            queued=view.queued,
+            quota=view.quota.model_dump(mode="json"),
+        )
+
+
+def _amount(resource: str, value: float) -> str:
+    if resource == "memory":
+        return spec_mod.format_bytes(int(value))
+    return f"{value:g}"

@@ -264,6 +264,7 @@ function initNewCluster() {
       hangwatch,
       name: form.name.value.trim(),
       namespace: form.namespace.value,
+      priority: form.priority.value,
       ray_version: form.ray_version.value.trim(),
       head,
       worker_groups: workerGroups,
@@ -282,6 +283,7 @@ function initNewCluster() {
     }
     form.namespace.value = namespace;
     form.ray_version.value = ray_version || "";
+    if (rest.priority && [...form.priority.options].some((o) => o.value === rest.priority)) form.priority.value = rest.priority;
     for (const key of ["cpus", "memory", "object_store_memory", "gpus"]) form[`head.${key}`].value = head[key];
     groups.replaceChildren();
     for (const group of worker_groups || []) addGroup(group);
@@ -451,6 +453,48 @@ function initDeployments() {
       ? `Deleting ${name}.`
       : "Delete refused: " + ((result.data && result.data.message) || result.status);
     if (!result.ok) button.disabled = false;
+  });
+}
+
+function initQuotas() {
+  const form = document.getElementById("quota-form");
+  if (!form) return;
+  const saved = document.getElementById("quota-saved");
+  const LIMITS = ["cpus", "memory", "gpus", "clusters", "nodes"];
+
+  // The chosen team's current quota fills the form, so a change edits it rather than starting from nothing.
+  function fill() {
+    const row = document.querySelector(`[data-testid="quota-${CSS.escape(form.team.value)}"]`);
+    const quota = row ? JSON.parse(row.dataset.quota) : {};
+    for (const key of LIMITS) form[key].value = quota[key] == null ? "" : quota[key];
+    form.policy.value = quota.policy || "queue";
+    form.borrow.checked = Boolean(quota.borrow);
+  }
+  form.team.addEventListener("change", fill);
+  fill();
+
+  function path() {
+    return `/api/v1/teams/${encodeURIComponent(form.team.value)}/quota`;
+  }
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    clearErrors(form);
+    saved.textContent = "";
+    const quota = { policy: form.policy.value, borrow: form.borrow.checked };
+    for (const key of LIMITS) {
+      const value = form[key].value.trim();
+      if (value !== "") quota[key] = key === "memory" ? value : Number(value);
+    }
+    const result = await api("PUT", path(), quota);
+    if (!result.ok) return showErrors(form, result.data);
+    saved.textContent = `Quota of team ${form.team.value} set. Nothing running is stopped; new work waits if it does not fit.`;
+  });
+  form.querySelector('[data-action="delete-quota"]').addEventListener("click", async () => {
+    clearErrors(form);
+    const result = await api("DELETE", path());
+    if (!result.ok) return showErrors(form, result.data);
+    saved.textContent = `Team ${form.team.value} has no quota now: the pool is its only limit.`;
   });
 }
 
@@ -719,6 +763,7 @@ document.addEventListener("DOMContentLoaded", () => {
   initCluster();
   initDeployments();
   initSpaces();
+  initQuotas();
   initCopy();
   initNewJob();
   initJob();
