@@ -369,6 +369,14 @@ class QuotaView(BaseModel):
     queued: int = 0
 
 
+class OwnerDeleted(BaseModel):
+    """What deleting a user did to its clusters."""
+
+    user: str
+    dropped_from_queue: list[str] = Field(description="Its queued clusters (namespace/name): deleted, with an event.")
+    kept: list[str] = Field(description="Its admitted clusters: they run on, for their team's admins to manage.")
+
+
 class QueueEntry(BaseModel):
     namespace: str
     name: str

@@ -161,6 +161,9 @@ def test_token_user_team_namespace_commands(server: TestClient) -> None:
     revoked = runner.invoke(app, ["token", "revoke", token["id"]])
     assert revoked.exit_code == 0 and f"token {token['id']} revoked" in revoked.stdout
     assert "ml" in runner.invoke(app, ["namespace", "list"]).stdout
+    deleted = runner.invoke(app, ["user", "delete", "bob"])
+    assert deleted.exit_code == 0 and "user bob deleted" in deleted.stdout
+    assert "bob" not in runner.invoke(app, ["user", "list"]).stdout
 
 
 @pytest.mark.skipif(

@@ -266,3 +266,30 @@ def test_admins_export_quotas_as_kueue_objects(gov: TestClient, root: Headers) -
     queues = [o for o in objects if o["kind"] == "ClusterQueue"]
     assert [q["metadata"]["name"] for q in queues] == ["ml"]
     assert gov.get("/api/v1/quotas/kueue", headers=ana).status_code == 403
+
+
+def test_deleting_a_user_drops_its_queued_clusters_with_an_event_and_ends_its_access(
+    gov: TestClient, root: Headers
+) -> None:
+    ana = make_user(gov, root, "ana", "ml")
+    gov.put("/api/v1/teams/ml/quota", json={"cpus": 2}, headers=root).raise_for_status()
+    gov.post("/api/v1/clusters", json={**cluster("running"), "namespace": "ml"}, headers=ana).raise_for_status()
+    gov.post("/api/v1/clusters", json={**cluster("waiting"), "namespace": "ml"}, headers=ana).raise_for_status()
+    wait_phase(gov, root, "ml", "running", "Ready")
+    assert phase(gov, root, "ml", "waiting") == "Queued"
+    assert gov.delete("/api/v1/users/ana", headers=ana).status_code == 403
+    done = gov.delete("/api/v1/users/ana", headers=root)
+    assert done.status_code == 200, done.text
+    assert done.json() == {"user": "ana", "dropped_from_queue": ["ml/waiting"], "kept": ["ml/running"]}
+    dropped = next(
+        e
+        for e in gov.get("/api/v1/events", params={"cluster": "waiting"}, headers=root).json()
+        if e["reason"] == "DroppedFromQueue"
+    )
+    assert "its owner, user ana, was deleted" in dropped["message"]
+    wait_until(lambda: gov.get("/api/v1/namespaces/ml/clusters/waiting", headers=root).status_code == 404, "dropped")
+    assert phase(gov, root, "ml", "running") == "Ready"
+    assert "OwnerDeleted" in reasons(gov, root, "ml", "running")
+    assert gov.get("/api/v1/whoami", headers=ana).status_code == 401
+    assert gov.delete("/api/v1/users/ana", headers=root).status_code == 404
+    assert gov.delete("/api/v1/users/admin", headers=root).status_code == 409  # the last admin

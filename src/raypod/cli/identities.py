@@ -63,6 +63,17 @@ def user_create(
     _emit(cluster.client().users.create(name, team, role, admin), fmt)
 
 
+@user_app.command("delete")
+def user_delete(name: str) -> None:
+    """Delete a user: its tokens and sessions end; its queued clusters leave the queue, its running ones stay."""
+    done = cluster.client().users.delete(name)
+    output.console.print(f"user {done.user} deleted")
+    for where in done.dropped_from_queue:
+        output.console.print(f"  queued cluster {where} left the queue and is being deleted")
+    for where in done.kept:
+        output.console.print(f"  cluster {where} runs on (its team's admins manage it)")
+
+
 @user_app.command("list")
 def user_list(fmt: OutputOpt = Format.TABLE) -> None:
     _emit(cluster.client().users.list(), fmt)

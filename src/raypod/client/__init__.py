@@ -384,6 +384,10 @@ class Users:
     def list(self) -> builtins.list[state.UserInfo]:
         return [state.UserInfo.model_validate(u) for u in self._t.request("GET", "/api/v1/users")]
 
+    def delete(self, name: str) -> state.OwnerDeleted:
+        """Admins: revoke the user's tokens and sessions; its queued clusters leave the queue."""
+        return state.OwnerDeleted.model_validate(self._t.request("DELETE", f"/api/v1/users/{_name(name)}"))
+
     def whoami(self) -> state.UserInfo:
         return state.UserInfo.model_validate(self._t.request("GET", "/api/v1/whoami"))
 

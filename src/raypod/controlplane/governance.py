@@ -113,6 +113,31 @@ class GovernanceService:
             raise errors.Forbidden("only admins may export every team's quota")
         return kueue.objects(self.store.quotas(), self._teams(), self.priority_classes)
 
+    def on_owner_deleted(self, user: str) -> state.OwnerDeleted:
+        """A deleted user's queued clusters leave the queue (deleted: they run no node, so nothing is lost) with
+        an event; its admitted clusters keep running for their team's admins to keep or delete."""
+        dropped, kept = [], []
+        for view in self.store.list():
+            if view.spec.owner != user or view.deleting:
+                continue
+            where = f"{view.spec.namespace}/{view.spec.name}"
+            if view.queued:
+                self.store.record(
+                    view,
+                    state.EventType.WARNING,
+                    "DroppedFromQueue",
+                    f"its owner, user {user}, was deleted: it leaves the queue and is deleted (it ran no node)",
+                )
+                self.store.mark_deleting(view.uid)
+                self.wake(view.uid)
+                dropped.append(where)
+            else:
+                self.store.record(
+                    view, state.EventType.NORMAL, "OwnerDeleted", f"its owner, user {user}, was deleted; it runs on"
+                )
+                kept.append(where)
+        return state.OwnerDeleted(user=user, dropped_from_queue=dropped, kept=kept)
+
     # -- admission -----------------------------------------------------------------------------------------
 
     def check_priority(self, spec: spec_mod.ClusterSpec) -> None:

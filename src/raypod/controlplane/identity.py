@@ -177,6 +177,26 @@ class IdentityService:
             }
         return state.UserInfo(name=row.name, is_admin=row.is_admin, teams=roles)
 
+    def delete_user(self, name: str) -> None:
+        """Remove a user: its tokens are revoked, its sessions end and its memberships go, at once (the cache
+        included). What it created stays: the caller decides about that. Raises NotFound, Conflict (the last
+        admin)."""
+        info = self.user(name)
+        with self.engine.begin() as connection:
+            if info.is_admin:
+                admins = connection.execute(sa.select(sa.func.count()).select_from(users).where(users.c.is_admin))
+                if admins.scalar() == 1:
+                    raise errors.Conflict(f"user '{name}' is the last admin; make another admin first")
+            connection.execute(
+                tokens.update()
+                .where(tokens.c.user == name, tokens.c.revoked_at.is_(None))
+                .values(revoked_at=store.now())
+            )
+            connection.execute(sessions.delete().where(sessions.c.user == name))
+            connection.execute(memberships.delete().where(memberships.c.user == name))
+            connection.execute(users.delete().where(users.c.name == name))
+        self.cache.clear()
+
     def list_users(self) -> builtins.list[state.UserInfo]:
         with self.engine.connect() as connection:
             names = connection.execute(sa.select(users.c.name).order_by(users.c.name)).scalars().all()

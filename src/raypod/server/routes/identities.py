@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import raypod
 from raypod import errors, state
-from raypod.controlplane import identity
+from raypod.controlplane import governance, identity
 from raypod.server.auth import CSRF_HEADER, SESSION_COOKIE, Caller, check_same_origin, identities
 
 router = APIRouter(prefix="/api/v1", tags=["identities"])
@@ -88,6 +88,16 @@ def create_user(caller: Caller, body: NewUser, ids: Identities) -> state.UserInf
     if body.team:
         ids.add_member(body.team, body.name, body.role)
     return ids.user(body.name)
+
+
+@router.delete("/users/{name}")
+def delete_user(caller: Caller, name: str, ids: Identities, request: Request) -> state.OwnerDeleted:
+    """Admins. Its tokens and sessions end at once; its queued clusters leave the queue (deleted, with an event);
+    its running clusters stay for their team's admins."""
+    _require_admin(caller, "delete users")
+    ids.delete_user(name)
+    governor: governance.GovernanceService = request.app.state.governance
+    return governor.on_owner_deleted(name)
 
 
 @router.post("/teams", status_code=201)
