@@ -363,6 +363,7 @@ class DeploymentView(BaseModel):
 
 class QuotaView(BaseModel):
     team: str
+    namespace: str | None = Field(None, description="Set for a namespace's own quota, a cap inside its team's.")
     quota: spec_mod.QuotaSpec
     usage: dict[str, float] = Field(description="What the team's admitted clusters hold: cpus, memory, gpus, ...")
     borrowed: dict[str, float] = Field(default_factory=dict, description="Of the usage, what runs on borrowed quota.")

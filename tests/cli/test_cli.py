@@ -206,5 +206,11 @@ def test_quota_and_queue_commands(server: TestClient) -> None:
     bad = runner.invoke(app, ["quota", "set", "ml", "--cpus", "-2"])
     assert bad.exit_code == 1 and "cpus" in bad.output and "Traceback" not in bad.output
     assert "Nothing waits." in runner.invoke(app, ["queue", "list"]).stdout
+    assert runner.invoke(app, ["namespace", "create", "ml-dev", "--team", "ml"]).exit_code == 0
+    capped = runner.invoke(app, ["quota", "set", "--namespace", "ml-dev", "--cpus", "2"])
+    assert capped.exit_code == 0 and "ml (namespace ml-dev)" in capped.stdout and "0/2" in capped.stdout
+    both = runner.invoke(app, ["quota", "get", "ml", "--namespace", "ml-dev"])
+    assert both.exit_code == 1 and "not both" in both.output
+    assert runner.invoke(app, ["quota", "delete", "--namespace", "ml-dev"]).exit_code == 0
     assert runner.invoke(app, ["quota", "delete", "ml"]).exit_code == 0
     assert runner.invoke(app, ["quota", "list", "-o", "json"]).stdout.strip() == "[]"

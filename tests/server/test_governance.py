@@ -293,3 +293,32 @@ def test_deleting_a_user_drops_its_queued_clusters_with_an_event_and_ends_its_ac
     assert gov.get("/api/v1/whoami", headers=ana).status_code == 401
     assert gov.delete("/api/v1/users/ana", headers=root).status_code == 404
     assert gov.delete("/api/v1/users/admin", headers=root).status_code == 409  # the last admin
+
+
+def test_a_namespace_quota_caps_it_inside_its_teams_quota(gov: TestClient, root: Headers) -> None:
+    ana = make_user(gov, root, "ana", "ml")
+    gov.post("/api/v1/namespaces", json={"name": "ml-dev", "team": "ml"}, headers=root).raise_for_status()
+    gov.put("/api/v1/teams/ml/quota", json={"cpus": 6}, headers=root).raise_for_status()
+    assert gov.put("/api/v1/namespaces/ml-dev/quota", json={"cpus": 2}, headers=ana).status_code == 403
+    refused = gov.put("/api/v1/namespaces/ml-dev/quota", json={"cpus": 2, "borrow": True}, headers=root)
+    assert refused.status_code == 422 and "borrows nothing" in refused.json()["message"]
+    assert gov.put("/api/v1/namespaces/nope/quota", json={"cpus": 2}, headers=root).status_code == 404
+    capped = gov.put("/api/v1/namespaces/ml-dev/quota", json={"cpus": 2}, headers=root)
+    assert capped.status_code == 200 and capped.json()["namespace"] == "ml-dev" and capped.json()["team"] == "ml"
+
+    dev = {**cluster("dev1"), "namespace": "ml-dev"}  # 2 CPUs: the whole cap
+    gov.post("/api/v1/clusters", json=dev, headers=ana).raise_for_status()
+    gov.post("/api/v1/clusters", json={**cluster("dev2"), "namespace": "ml-dev"}, headers=ana)
+    gov.post("/api/v1/clusters", json={**cluster("prod"), "namespace": "ml"}, headers=ana)
+    wait_phase(gov, root, "ml-dev", "dev1", "Ready")
+    wait_phase(gov, root, "ml", "prod", "Ready")  # the team's other namespace goes on
+    waiting = gov.get("/api/v1/namespaces/ml-dev/clusters/dev2", headers=root).json()
+    assert waiting["queued"] and waiting["queue_reason"] == "namespace ml-dev is at its quota: cpus 4/2"
+    scaled = gov.post("/api/v1/namespaces/ml-dev/clusters/dev1/scale", json={"group": "w", "replicas": 2}, headers=ana)
+    assert scaled.status_code == 409 and "namespace ml-dev is at its quota" in scaled.json()["message"]
+    listed = {(q["team"], q["namespace"]): q for q in gov.get("/api/v1/quotas", headers=ana).json()}
+    assert listed[("ml", "ml-dev")]["usage"]["cpus"] == 2 and listed[("ml", "ml-dev")]["queued"] == 1
+    assert listed[("ml", None)]["usage"]["cpus"] == 4
+    gov.delete("/api/v1/namespaces/ml-dev/quota", headers=root).raise_for_status()
+    assert gov.get("/api/v1/namespaces/ml-dev/quota", headers=ana).status_code == 404
+    wait_phase(gov, root, "ml-dev", "dev2", "Ready")  # the team's quota alone holds it now: 6 of 6

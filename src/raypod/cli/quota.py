@@ -19,9 +19,16 @@ queue_app = typer.Typer(help="Clusters waiting for their team's quota or for the
 OutputOpt = Annotated[Format, typer.Option("--output", "-o", help="table, json or yaml.")]
 
 
+TeamArg = Annotated[str | None, typer.Argument(help="The team (leave out with --namespace).")]
+NamespaceOpt = Annotated[
+    str | None, typer.Option("--namespace", "-n", help="A namespace's own cap, inside its team's quota.")
+]
+
+
 @app.command("set")
 def set_(
-    team: str,
+    team: TeamArg = None,
+    namespace: NamespaceOpt = None,
     cpus: Annotated[float | None, typer.Option(help="Ray CPUs of all the team's nodes together.")] = None,
     memory: Annotated[str | None, typer.Option(help="Memory plus object store, e.g. 64Gi.")] = None,
     gpus: Annotated[int | None, typer.Option()] = None,
@@ -31,17 +38,18 @@ def set_(
     borrow: Annotated[bool, typer.Option(help="May use quota other teams leave idle.")] = False,
     fmt: OutputOpt = Format.TABLE,
 ) -> None:
-    """Set a team's quota (team admins): raypod quota set ml --cpus 16 --memory 64Gi --borrow"""
+    """Set a team's quota (team admins): raypod quota set ml --cpus 16 --memory 64Gi --borrow;
+    or cap one of its namespaces inside it: raypod quota set --namespace ml-dev --cpus 4"""
     fields: dict[str, Any] = {"cpus": cpus, "memory": memory, "gpus": gpus, "clusters": clusters, "nodes": nodes}
     quota = spec_mod.QuotaSpec.model_validate(
         {**{k: v for k, v in fields.items() if v is not None}, "policy": policy, "borrow": borrow}
     )
-    _render([cluster_cli.client().quotas.set(team, quota)], fmt)
+    _render([cluster_cli.client().quotas.set(team, quota, namespace=namespace)], fmt)
 
 
 @app.command()
-def get(team: str, fmt: OutputOpt = Format.TABLE) -> None:
-    view = cluster_cli.client().quotas.get(team)
+def get(team: TeamArg = None, namespace: NamespaceOpt = None, fmt: OutputOpt = Format.TABLE) -> None:
+    view = cluster_cli.client().quotas.get(team, namespace=namespace)
     if fmt is not Format.TABLE:
         output.emit_data(view, fmt)
         return
@@ -54,10 +62,13 @@ def list_(fmt: OutputOpt = Format.TABLE) -> None:
 
 
 @app.command()
-def delete(team: str) -> None:
-    """Remove a team's quota: its clusters are then limited only by the pool."""
-    cluster_cli.client().quotas.delete(team)
-    output.errors_console.print(f"team {team} has no quota now")
+def delete(team: TeamArg = None, namespace: NamespaceOpt = None) -> None:
+    """Remove a team's quota (its clusters are then limited only by the pool), or a namespace's own cap."""
+    cluster_cli.client().quotas.delete(team, namespace=namespace)
+    if namespace:
+        output.errors_console.print(f"namespace {namespace} has no quota of its own now: its team's applies")
+    else:
+        output.errors_console.print(f"team {team} has no quota now")
 
 
 @app.command("kueue")
@@ -97,7 +108,7 @@ def _render(views: list[state.QuotaView], fmt: Format) -> None:
     for view in views:
         quota = view.quota
         table.add_row(
-            view.team,
+            view.team if view.namespace is None else f"{view.team} (namespace {view.namespace})",
             _used(view.usage["cpus"], quota.cpus),
             _used(view.usage["memory"], quota.memory, memory=True),
             _used(view.usage["gpus"], quota.gpus),

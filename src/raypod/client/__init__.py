@@ -422,18 +422,22 @@ class Quotas:
     def __init__(self, transport: Transport) -> None:
         self._t = transport
 
-    def set(self, team: str, quota: spec_mod.QuotaSpec | dict[str, Any]) -> state.QuotaView:
+    def set(
+        self, team: str | None, quota: spec_mod.QuotaSpec | dict[str, Any], *, namespace: str | None = None
+    ) -> state.QuotaView:
+        """A team's quota, or with ``namespace`` (and ``team`` None) a namespace's cap inside its team's."""
         body = quota.model_dump(mode="json", exclude_none=True) if isinstance(quota, spec_mod.QuotaSpec) else quota
-        return state.QuotaView.model_validate(self._t.request("PUT", f"/api/v1/teams/{_name(team)}/quota", json=body))
+        return state.QuotaView.model_validate(self._t.request("PUT", _quota_path(team, namespace), json=body))
 
-    def get(self, team: str) -> state.QuotaView:
-        return state.QuotaView.model_validate(self._t.request("GET", f"/api/v1/teams/{_name(team)}/quota"))
+    def get(self, team: str | None, *, namespace: str | None = None) -> state.QuotaView:
+        return state.QuotaView.model_validate(self._t.request("GET", _quota_path(team, namespace)))
 
     def list(self) -> builtins.list[state.QuotaView]:
+        """Teams' quotas, then namespaces' own (``namespace`` set)."""
         return [state.QuotaView.model_validate(q) for q in self._t.request("GET", "/api/v1/quotas")]
 
-    def delete(self, team: str) -> None:
-        self._t.request("DELETE", f"/api/v1/teams/{_name(team)}/quota")
+    def delete(self, team: str | None, *, namespace: str | None = None) -> None:
+        self._t.request("DELETE", _quota_path(team, namespace))
 
     def kueue(self) -> builtins.list[dict[str, Any]]:
         """Admins: every quota as Kueue objects (to apply with kubectl where Kueue admits)."""
@@ -548,6 +552,14 @@ class Client:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def _quota_path(team: str | None, namespace: str | None) -> str:
+    if (team is None) == (namespace is None):
+        raise errors.InvalidSpec("give a team or a namespace, not both")
+    if namespace is not None:
+        return f"/api/v1/namespaces/{_name(namespace)}/quota"
+    return f"/api/v1/teams/{_name(team or '')}/quota"
 
 
 def _name(value: str, what: str = "name") -> str:

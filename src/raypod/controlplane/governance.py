@@ -66,11 +66,39 @@ class GovernanceService:
         self.schedule(force=True)  # a larger quota may admit queued work at once
         return None if quota is None else self.get_quota(caller, team)
 
+    def set_namespace_quota(
+        self, caller: identity.Principal, namespace: str, quota: spec_mod.QuotaSpec | None
+    ) -> state.QuotaView | None:
+        """Cap one namespace inside its team's quota (or, with None, remove the cap). Raises Forbidden (not an
+        admin of its team), NotFound (no such namespace), InvalidSpec (``borrow``: a cap borrows nothing)."""
+        team = self.identities.namespace_team(namespace)
+        if team is None:
+            raise errors.NotFound(f"namespace '{namespace}' not found")
+        if not (caller.is_admin or caller.teams.get(team) is state.Role.ADMIN):
+            raise errors.Forbidden(f"only admins of team '{team}' (or global admins) may set its namespaces' quotas")
+        if quota is not None and quota.borrow:
+            raise errors.InvalidSpec("borrow: a namespace's quota caps it inside its team's quota and borrows nothing")
+        self.store.set_namespace_quota(namespace, quota, caller.user)
+        self.schedule(force=True)
+        return None if quota is None else self.get_namespace_quota(caller, namespace)
+
+    def get_namespace_quota(self, caller: identity.Principal, namespace: str) -> state.QuotaView:
+        """Raises Forbidden (not in its team), NotFound (no such namespace, or no quota of its own)."""
+        team = self.identities.namespace_team(namespace)
+        if team is None:
+            raise errors.NotFound(f"namespace '{namespace}' not found")
+        if not (caller.is_admin or team in caller.teams):
+            raise errors.Forbidden(f"only members of team '{team}' may see its namespaces' quotas")
+        for view in self._quota_views():
+            if view.namespace == namespace:
+                return view
+        raise errors.NotFound(f"namespace '{namespace}' has no quota of its own (its team's quota applies)")
+
     def get_quota(self, caller: identity.Principal, team: str) -> state.QuotaView:
         """Raises Forbidden (not in the team), NotFound (no quota set)."""
         if not (caller.is_admin or team in caller.teams):
             raise errors.Forbidden(f"only members of team '{team}' may see its quota")
-        views = {view.team: view for view in self._quota_views()}
+        views = {view.team: view for view in self._quota_views() if view.namespace is None}
         if team not in views:
             raise errors.NotFound(f"team '{team}' has no quota (it is limited only by the pool)")
         return views[team]
@@ -151,43 +179,59 @@ class GovernanceService:
         self.check_priority(spec)
         if not self.admits:
             return False, ""
-        if self.pool() is None and not self.store.quotas() and not self.store.any_queued():
+        limited = self.store.quotas() or self.store.namespace_quotas()
+        if self.pool() is None and not limited and not self.store.any_queued():
             return False, ""  # nothing limits it and nothing waits before it: no need to read every cluster
         with self._lock:
             views = self.store.list()
             teams = self._teams()
             team = teams.get(spec.namespace, spec.namespace)
             priority = self.priority_classes[spec.priority]
-            new = admission.Workload("(new)", team, priority, float("inf"), self.demand(spec))
+            new = admission.Workload("(new)", team, priority, float("inf"), self.demand(spec), spec.namespace)
             queued = admission.WorkQueue(self._workload(v, teams) for v in views if v.queued and not v.deleting)
             queued.add(new)
-            quotas = self._quotas()
-            decided = admission.admit(queued, self._running(views, teams), quotas, self.pool())
+            decided = admission.admit(
+                queued, self._running(views, teams), self._quotas(), self.pool(), self._namespace_quotas()
+            )
         if new.id in decided.admitted:
             return False, BORROWED if new.id in decided.borrowed else ""
         reason = decided.why_waiting(new.id)
-        quota = self.store.quotas().get(team)
-        if quota is not None and quota.policy is spec_mod.QuotaPolicy.REJECT and "quota" in reason:
-            raise errors.QuotaExceeded(f"{reason}; team {team} rejects work beyond its quota")
+        for owner, quota in (
+            (f"team {team}", self.store.quotas().get(team)),
+            (f"namespace {spec.namespace}", self.store.namespace_quotas().get(spec.namespace)),
+        ):
+            rejects = quota is not None and quota.policy is spec_mod.QuotaPolicy.REJECT
+            if rejects and reason.startswith(f"{owner} is at its quota"):
+                raise errors.QuotaExceeded(f"{reason}; {owner} rejects work beyond its quota")
         return True, reason
 
     def check_scale(self, view: state.ClusterView, scaled: spec_mod.ClusterSpec) -> None:
         """A scale-up within the team's quota passes; beyond it, it is refused (scales are not queued).
         Raises QuotaExceeded."""
         teams = self._teams()
-        team = teams.get(view.spec.namespace, view.spec.namespace)
-        quota = self._quotas().get(team)
-        if quota is None or view.queued or not self.admits:
+        namespace = view.spec.namespace
+        team = teams.get(namespace, namespace)
+        quota, namespace_quota = self._quotas().get(team), self._namespace_quotas().get(namespace)
+        if (quota is None and namespace_quota is None) or view.queued or not self.admits:
             return
-        own = admission.Resources()
+        own, in_namespace = admission.Resources(), admission.Resources()
         for run in self._running(self.store.list(), teams):
-            if run.workload.team == team and run.workload.id != view.uid and not run.borrowed:
+            if run.workload.id == view.uid:
+                continue
+            if run.workload.team == team and not run.borrowed:
                 own = own + run.workload.demand
-        over = quota.over(own + self.demand(scaled))
-        if over:
-            raise errors.QuotaExceeded(
-                f"team {team} is at its quota: {', '.join(over)}; a scale-up beyond it is refused, not queued"
-            )
+            if run.workload.namespace == namespace:
+                in_namespace = in_namespace + run.workload.demand
+        demand = self.demand(scaled)
+        for owner, limit, usage in (
+            (f"team {team}", quota, own),
+            (f"namespace {namespace}", namespace_quota, in_namespace),
+        ):
+            over = limit.over(usage + demand) if limit is not None else []
+            if over:
+                raise errors.QuotaExceeded(
+                    f"{owner} is at its quota: {', '.join(over)}; a scale-up beyond it is refused, not queued"
+                )
 
     def schedule(self, *, force: bool = False) -> None:
         """One admission pass over the queue: admit what fits, note why the rest waits, preempt what must give
@@ -211,6 +255,7 @@ class GovernanceService:
                 self._running(views, teams),
                 self._quotas(),
                 self.pool(),
+                self._namespace_quotas(),
             )
             changed: list[tuple[state.ClusterView, bool, str, str, str]] = []  # view, queued, reason, event, message
             for uid in decided.admitted:
@@ -288,6 +333,12 @@ class GovernanceService:
             for team, q in self.store.quotas().items()
         }
 
+    def _namespace_quotas(self) -> dict[str, admission.Quota]:
+        return {
+            namespace: admission.Quota(cpus=q.cpus, memory=q.memory, gpus=q.gpus, clusters=q.clusters, nodes=q.nodes)
+            for namespace, q in self.store.namespace_quotas().items()
+        }
+
     def _workload(self, view: state.ClusterView, teams: dict[str, str]) -> admission.Workload:
         return admission.Workload(
             id=view.uid,
@@ -295,6 +346,7 @@ class GovernanceService:
             priority=self.priority_classes.get(view.spec.priority, 0),
             submitted_at=view.created_at.timestamp(),
             demand=self.demand(view.spec),
+            namespace=view.spec.namespace,
         )
 
     def _running(self, views: Iterable[state.ClusterView], teams: dict[str, str]) -> list[admission.Running]:
@@ -308,19 +360,22 @@ class GovernanceService:
     def _quota_views(self) -> builtins.list[state.QuotaView]:
         views = self.store.list()
         teams = self._teams()
-        usage: dict[str, admission.Resources] = {}
+        usage: dict[str, admission.Resources] = {}  # by team, and by namespace under "ns/<name>"
         borrowed: dict[str, admission.Resources] = {}
         queued: dict[str, int] = {}
         for view in views:
             team = teams.get(view.spec.namespace, view.spec.namespace)
+            keys = (team, f"ns/{view.spec.namespace}")
             if view.queued:
-                queued[team] = queued.get(team, 0) + (0 if view.deleting else 1)
+                for key in keys:
+                    queued[key] = queued.get(key, 0) + (0 if view.deleting else 1)
                 continue  # a cluster being deleted holds its nodes until they are gone: it counts below
             demand = self.demand(view.spec)
-            usage[team] = usage.get(team, admission.Resources()) + demand
+            for key in keys:
+                usage[key] = usage.get(key, admission.Resources()) + demand
             if view.queue_reason == BORROWED:
                 borrowed[team] = borrowed.get(team, admission.Resources()) + demand
-        return [
+        found = [
             state.QuotaView(
                 team=team,
                 quota=quota,
@@ -330,6 +385,18 @@ class GovernanceService:
             )
             for team, quota in sorted(self.store.quotas().items())
         ]
+        for namespace, quota in sorted(self.store.namespace_quotas().items()):
+            key = f"ns/{namespace}"
+            found.append(
+                state.QuotaView(
+                    team=teams.get(namespace, namespace),
+                    namespace=namespace,
+                    quota=quota,
+                    usage=_amounts(usage.get(key, admission.Resources())),
+                    queued=queued.get(key, 0),
+                )
+            )
+        return found
 
 
 _UID = re.compile(r"\b[0-9a-f]{16}\b")

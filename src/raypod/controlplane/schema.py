@@ -36,6 +36,16 @@ quotas = sa.Table(
     sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
 )
 
+# A namespace's own cap inside its team's quota.
+namespace_quotas = sa.Table(
+    "namespace_quotas",
+    metadata,
+    sa.Column("namespace", sa.String(63), primary_key=True),
+    sa.Column("spec", sa.Text, nullable=False),
+    sa.Column("updated_by", sa.String(63), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+)
+
 events = sa.Table(
     "events",
     metadata,

@@ -22,7 +22,7 @@ from sqlalchemy import event as sa_event
 
 from raypod import errors, state
 from raypod import spec as spec_mod
-from raypod.controlplane.schema import clusters, events, hang_detections, node_requests, quotas
+from raypod.controlplane.schema import clusters, events, hang_detections, namespace_quotas, node_requests, quotas
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -179,17 +179,32 @@ class Store:
     # -- quotas ------------------------------------------------------------------------------------------
 
     def quotas(self) -> dict[str, spec_mod.QuotaSpec]:
-        with self.engine.connect() as connection:
-            rows = connection.execute(sa.select(quotas.c.team, quotas.c.spec)).all()
-        return {row.team: spec_mod.QuotaSpec.model_validate_json(row.spec) for row in rows}
+        """Teams' quotas, by team."""
+        return self._quotas(quotas)
+
+    def namespace_quotas(self) -> dict[str, spec_mod.QuotaSpec]:
+        """Namespaces' own quotas, by namespace."""
+        return self._quotas(namespace_quotas)
 
     def set_quota(self, team: str, quota: spec_mod.QuotaSpec | None, by: str) -> None:
+        self._set_quota(quotas, team, quota, by)
+
+    def set_namespace_quota(self, namespace: str, quota: spec_mod.QuotaSpec | None, by: str) -> None:
+        self._set_quota(namespace_quotas, namespace, quota, by)
+
+    def _quotas(self, table: sa.Table) -> dict[str, spec_mod.QuotaSpec]:
+        key = table.primary_key.columns[0]
+        with self.engine.connect() as connection:
+            rows = connection.execute(sa.select(key, table.c.spec)).all()
+        return {row[0]: spec_mod.QuotaSpec.model_validate_json(row[1]) for row in rows}
+
+    def _set_quota(self, table: sa.Table, owner: str, quota: spec_mod.QuotaSpec | None, by: str) -> None:
+        key = table.primary_key.columns[0]
         with self.engine.begin() as connection:
-            connection.execute(quotas.delete().where(quotas.c.team == team))
+            connection.execute(table.delete().where(key == owner))
             if quota is not None:
-                connection.execute(
-                    quotas.insert().values(team=team, spec=quota.model_dump_json(), updated_by=by, updated_at=now())
-                )
+                values = {key.name: owner, "spec": quota.model_dump_json(), "updated_by": by, "updated_at": now()}
+                connection.execute(table.insert().values(**values))
 
     def mark_deleting(self, uid: str) -> None:
         with self.engine.begin() as connection:

@@ -78,6 +78,20 @@ def test_a_higher_priority_workload_preempts_lower_ones_to_make_room() -> None:
     assert admit([work("low", "c", 4, priority=0, at=3)], running, {}, pool).preempted == {}, "never for lower"
 
 
+def test_a_namespace_quota_holds_back_its_namespace_only_and_in_order() -> None:
+    def in_ns(id_: str, namespace: str, cpus: float, at: float) -> Workload:
+        return Workload(id_, "a", 100, at, Resources(cpus=cpus), namespace=namespace)
+
+    queue = [in_ns("dev1", "dev", 2, 1), in_ns("dev2", "dev", 2, 2), in_ns("prod1", "prod", 4, 3)]
+    running = [Running(in_ns("dev0", "dev", 1, 0))]
+    decided = admit(queue, running, {"a": Quota(cpus=10)}, None, {"dev": Quota(cpus=3)})
+    assert decided.admitted == ["dev1", "prod1"]
+    assert decided.waiting == {"dev2": "namespace dev is at its quota: cpus 5/3"}
+    smaller_first = [in_ns("dev1", "dev", 4, 1), in_ns("dev2", "dev", 1, 2)]
+    decided = admit(smaller_first, [], {}, None, {"dev": Quota(cpus=3)})
+    assert decided.admitted == [] and decided.waiting["dev2"] == "behind namespace dev's earlier work"
+
+
 workloads = st.lists(
     st.builds(
         work,
@@ -112,6 +126,17 @@ def test_usage_never_exceeds_a_quota_without_a_recorded_borrow(queue: list[Workl
     total = sum((by_id[i].demand for i in decided.admitted), Resources())
     assert total.cpus <= room.cpus + 1e-9, "borrowing lent more than the quotas hold"
     assert set(decided.admitted) <= set(by_id)
+
+
+@settings(max_examples=200, deadline=None)
+@given(workloads, st.integers(2, 10).map(float))
+def test_a_namespace_never_exceeds_its_quota(queue: list[Workload], limit: float) -> None:
+    queue = [Workload(w.id, w.team, w.priority, w.submitted_at, w.demand, namespace=w.team + "-ns") for w in queue]
+    namespace_quotas = {"a-ns": Quota(cpus=limit)}
+    decided = admit(queue, [], {"a": Quota(cpus=16, borrow=True)}, None, namespace_quotas)
+    in_a = sum((w.demand for w in queue if w.id in decided.admitted and w.namespace == "a-ns"), Resources())
+    assert in_a.cpus <= limit
+    assert all(w.namespace == "a-ns" for w in queue if "namespace a-ns" in decided.why_waiting(w.id))
 
 
 @settings(max_examples=100, deadline=None)

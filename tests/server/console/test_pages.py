@@ -193,6 +193,10 @@ def test_quotas_page_shows_usage_beside_quota_and_the_queue_to_the_teams_members
     assert 'id="quota-form"' not in page, "a team member who is not its admin was offered the quota form"
     assert client.get("/quotas?regions=1", headers=ana).json().keys() == {"quotas", "queue"}
 
+    client.put("/api/v1/namespaces/ml/quota", json={"clusters": 1}, headers=admin).raise_for_status()
+    capped = client.get("/quotas", headers=ana).text
+    assert re.search(r'<tr data-testid="quota-ns-ml".*?namespace ml.*?1 / 1', capped, re.S), capped
+
     others = client.get("/quotas", headers=bo).text
     assert "quota-ml" not in others and "ml/second" not in others and "Nothing waits." in others
     offered = client.get("/quotas", headers=admin).text

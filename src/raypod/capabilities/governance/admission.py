@@ -77,6 +77,7 @@ class Workload:
     priority: int
     submitted_at: float
     demand: Resources
+    namespace: str = ""  # a namespace with its own quota caps its workloads within the team's
 
 
 @dataclass(frozen=True)
@@ -176,12 +177,15 @@ def admit(
     running: Iterable[Running],
     quotas: Mapping[str, Quota],
     pool: Resources | None,
+    namespace_quotas: Mapping[str, Quota] | None = None,
 ) -> Admission:
     """Decide the queue against what runs, ``quotas`` and ``pool`` (None: unlimited).
 
     Each team's workloads go in submission order: a team whose next workload does not fit its quota waits as a
-    whole (none of its later workloads overtakes it). The cost is a heap operation per team and per admitted
-    workload, whatever the queue's length. Positions in line come from ``order``.
+    whole (none of its later workloads overtakes it). A namespace with its own quota (``namespace_quotas``, never
+    borrowed) caps its workloads inside the team's: one held back by it holds back its namespace's later workloads
+    only, and the team's other namespaces go on. The cost is a heap operation per team and per admitted workload,
+    whatever the queue's length. Positions in line come from ``order``.
 
     Preemption (the caller stops them gracefully, then they are queued again): borrowed workloads whose lenders
     now need their quota back, and, for the first workload the pool cannot hold, lower-priority workloads whose
@@ -191,6 +195,13 @@ def admit(
     for run in current:
         ledger.add(run.workload.team, run.workload.demand, borrowed=run.borrowed)
     used, lent = ledger.used, ledger.lent
+    namespace_quotas = namespace_quotas or {}
+    in_namespace: dict[str, Resources] = {}
+    for run in current:
+        if run.workload.namespace in namespace_quotas:
+            name = run.workload.namespace
+            in_namespace[name] = in_namespace.get(name, Resources()) + run.workload.demand
+    namespace_held: set[str] = set()  # namespaces whose earlier workload their quota holds back
     lines = queue if isinstance(queue, WorkQueue) else WorkQueue(queue)
     result = Admission()
     admitted: dict[str, Workload] = {}
@@ -207,6 +218,24 @@ def admit(
             _, _, team = heapq.heappop(heap)
             members = teams[team]
             item = members[next_in_line[team]]
+            namespace_quota = namespace_quotas.get(item.namespace)
+            if namespace_quota is not None:
+                if item.namespace in namespace_held:
+                    result.waiting[item.id] = f"behind namespace {item.namespace}'s earlier work"
+                else:
+                    held = namespace_quota.over(in_namespace.get(item.namespace, Resources()) + item.demand)
+                    if held:
+                        namespace_held.add(item.namespace)
+                        result.waiting[item.id] = f"namespace {item.namespace} is at its quota: " + ", ".join(held)
+                if item.id in result.waiting:
+                    next_in_line[team] += 1  # the team's other namespaces go on
+                    if next_in_line[team] < len(members):
+                        nxt = members[next_in_line[team]]
+                        heapq.heappush(
+                            heap,
+                            (share(used.get(team, Resources()), quotas.get(team, UNLIMITED)), nxt.submitted_at, team),
+                        )
+                    continue
             quota = quotas.get(team, UNLIMITED)
             own = used.get(team, Resources()) - lent.get(team, Resources())
             over = quota.over(own + item.demand)
@@ -231,6 +260,8 @@ def admit(
             result.admitted.append(item.id)
             admitted[item.id] = item
             ledger.add(team, item.demand, borrowed=borrow)
+            if namespace_quota is not None:
+                in_namespace[item.namespace] = in_namespace.get(item.namespace, Resources()) + item.demand
             if borrow:
                 result.borrowed.append(item.id)
             next_in_line[team] += 1

@@ -292,6 +292,7 @@ def quotas_page(request: Request) -> Response:
         resources=views.QUOTA_RESOURCES,
         entries=svc.queue(principal),
         admin_teams=teams,
+        admin_namespaces=[ns for ns in ids.list_namespaces() if ns.team in teams],
         priorities=sorted(svc.priority_classes, key=svc.priority_classes.__getitem__, reverse=True),
         now=store.now(),
         age=views.age,

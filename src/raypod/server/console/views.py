@@ -150,6 +150,7 @@ QUOTA_RESOURCES = ("cpus", "memory", "gpus", "clusters", "nodes")
 @dataclass(frozen=True)
 class QuotaRow:
     team: str
+    namespace: str | None  # a namespace's own cap inside its team's quota
     cells: dict[str, str]  # resource -> "used / limit" ("used / -" where unlimited)
     over: frozenset[str]  # resources where usage exceeds the quota (it was lowered below usage)
     borrowed: str
@@ -157,6 +158,10 @@ class QuotaRow:
     borrow: bool
     queued: int
     quota: dict[str, Any]  # the quota as the set form edits it
+
+    @property
+    def key(self) -> str:
+        return self.team if self.namespace is None else f"ns-{self.namespace}"
 
     @classmethod
     def of(cls, view: state.QuotaView) -> QuotaRow:
@@ -170,6 +175,7 @@ class QuotaRow:
         borrowed = ", ".join(f"{name} {_amount(name, value)}" for name, value in view.borrowed.items() if value)
         return cls(
             team=view.team,
+            namespace=view.namespace,
             cells=cells,
             over=frozenset(over),
             borrowed=borrowed,

@@ -13,7 +13,7 @@ from raypod.server.auth import Caller
 
 router = APIRouter(prefix="/api/v1", tags=["governance"])
 
-TeamPath = Annotated[str, Path(pattern=spec_mod.DNS1123_LABEL.pattern, max_length=63)]
+TeamPath = Annotated[str, Path(pattern=spec_mod.DNS1123_LABEL.pattern, max_length=63)]  # a team or namespace
 
 
 def governance_service(request: Request) -> governance.GovernanceService:
@@ -50,6 +50,25 @@ def set_quota(caller: Caller, svc: Service, team: TeamPath, quota: spec_mod.Quot
 @router.delete("/teams/{team}/quota", status_code=204)
 def delete_quota(caller: Caller, svc: Service, team: TeamPath) -> Response:
     svc.set_quota(caller, team, None)
+    return Response(status_code=204)
+
+
+@router.get("/namespaces/{namespace}/quota")
+def get_namespace_quota(caller: Caller, svc: Service, namespace: TeamPath) -> state.QuotaView:
+    return svc.get_namespace_quota(caller, namespace)
+
+
+@router.put("/namespaces/{namespace}/quota")
+def set_namespace_quota(
+    caller: Caller, svc: Service, namespace: TeamPath, quota: spec_mod.QuotaSpec
+) -> state.QuotaView | None:
+    """Admins of the namespace's team: a cap on the namespace inside the team's quota (it borrows nothing)."""
+    return svc.set_namespace_quota(caller, namespace, quota)
+
+
+@router.delete("/namespaces/{namespace}/quota", status_code=204)
+def delete_namespace_quota(caller: Caller, svc: Service, namespace: TeamPath) -> Response:
+    svc.set_namespace_quota(caller, namespace, None)
     return Response(status_code=204)
 
 

@@ -462,39 +462,52 @@ function initQuotas() {
   const saved = document.getElementById("quota-saved");
   const LIMITS = ["cpus", "memory", "gpus", "clusters", "nodes"];
 
-  // The chosen team's current quota fills the form, so a change edits it rather than starting from nothing.
+  // The chosen team's (or namespace's) current quota fills the form, so a change edits it rather than starting
+  // from nothing; a namespace picks its team, and borrowing is a team's alone.
   function fill() {
-    const row = document.querySelector(`[data-testid="quota-${CSS.escape(form.team.value)}"]`);
+    const picked = form.namespace.selectedOptions[0];
+    if (picked && picked.dataset.team) form.team.value = picked.dataset.team;
+    const key = form.namespace.value ? `ns-${form.namespace.value}` : form.team.value;
+    const row = document.querySelector(`[data-testid="quota-${CSS.escape(key)}"]`);
     const quota = row ? JSON.parse(row.dataset.quota) : {};
-    for (const key of LIMITS) form[key].value = quota[key] == null ? "" : quota[key];
+    for (const limit of LIMITS) form[limit].value = quota[limit] == null ? "" : quota[limit];
     form.policy.value = quota.policy || "queue";
     form.borrow.checked = Boolean(quota.borrow);
+    form.borrow.disabled = Boolean(form.namespace.value);
   }
-  form.team.addEventListener("change", fill);
+  form.team.addEventListener("change", () => {
+    form.namespace.value = "";
+    fill();
+  });
+  form.namespace.addEventListener("change", fill);
   fill();
 
   function path() {
+    if (form.namespace.value) return `/api/v1/namespaces/${encodeURIComponent(form.namespace.value)}/quota`;
     return `/api/v1/teams/${encodeURIComponent(form.team.value)}/quota`;
   }
+  const owner = () => (form.namespace.value ? `namespace ${form.namespace.value}` : `team ${form.team.value}`);
 
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     clearErrors(form);
     saved.textContent = "";
-    const quota = { policy: form.policy.value, borrow: form.borrow.checked };
+    const quota = { policy: form.policy.value, borrow: form.borrow.checked && !form.namespace.value };
     for (const key of LIMITS) {
       const value = form[key].value.trim();
       if (value !== "") quota[key] = key === "memory" ? value : Number(value);
     }
     const result = await api("PUT", path(), quota);
     if (!result.ok) return showErrors(form, result.data);
-    saved.textContent = `Quota of team ${form.team.value} set. Nothing running is stopped; new work waits if it does not fit.`;
+    saved.textContent = `Quota of ${owner()} set. Nothing running is stopped; new work waits if it does not fit.`;
   });
   form.querySelector('[data-action="delete-quota"]').addEventListener("click", async () => {
     clearErrors(form);
     const result = await api("DELETE", path());
     if (!result.ok) return showErrors(form, result.data);
-    saved.textContent = `Team ${form.team.value} has no quota now: the pool is its only limit.`;
+    saved.textContent = form.namespace.value
+      ? `Namespace ${form.namespace.value} has no quota of its own now: its team's applies.`
+      : `Team ${form.team.value} has no quota now: the pool is its only limit.`;
   });
 }
 
