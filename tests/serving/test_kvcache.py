@@ -94,7 +94,10 @@ def test_l2_serves_a_prefix_another_cache_computed(tier: str, redis_url: str, tm
     assert prefix.tokens == 2 * CHUNK and prefix.tiers == {"l1": 0, "l2": 2}
     assert np.array_equal(prefix.layers()[1][0].numpy(), layers[1][0][:, :, : 2 * CHUNK].numpy())
     reader.flush()
-    assert reader.lookup(tokens).tiers == {"l1": 2}, "an L2 hit is promoted into L1"
+    assert reader.lookup(tokens).tiers == {"l1": 0, "l2": 2}, "promoted before the request was answered"
+    reader.promote(prefix)
+    reader.flush()
+    assert reader.lookup(tokens).tiers == {"l1": 2}, "an L2 hit is promoted into L1 once answered"
 
 
 def test_a_corrupt_l2_entry_is_skipped_and_recomputed_never_served(redis_url: str) -> None:

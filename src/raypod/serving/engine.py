@@ -209,6 +209,8 @@ class Engine:
             # After the answer (the first token is not kept waiting), and before the next request reuses the pool:
             # the new chunks are copied out here and written to the tiers in the background.
             if use_cache and self.cache is not None:
+                if prefix is not None:
+                    self.cache.promote(prefix)
                 cached_chunks = prefix.tokens // self.chunk if prefix else 0
                 layers = [(layer.keys, layer.values) for layer in kv.layers]
                 self.cache.store(tokens, layers, cached_chunks, snapshot=True)

@@ -19,6 +19,7 @@ Adopt it in an own deployment in a few lines::
     cache = KVCache(KVCacheConfig(model_id="my-model", l2_url="redis://host:6379/0"))
     prefix = cache.lookup(token_ids)          # prefix.tokens are cached; prefix.layers() gives (keys, values)
     ...                                       # compute token_ids[prefix.tokens:] on top of it
+    cache.promote(prefix)                     # after the answer: what L2 served, into L1
     cache.store(token_ids, layer_tensors)     # in the background: every full chunk not yet cached
 """
 
@@ -302,6 +303,7 @@ class Prefix:
     tokens: int = 0
     chunks: list[np.ndarray] = field(default_factory=list)
     tiers: dict[str, int] = field(default_factory=dict)  # chunks found per tier
+    from_l2: list[str] = field(default_factory=list)  # keys of the chunks L2 served: ``promote`` copies them to L1
 
     def layers(self) -> list[tuple[Any, Any]]:
         """Per layer, keys and values of the whole prefix as torch tensors of shape (1, kv_heads, tokens, dim)."""
@@ -381,7 +383,7 @@ class KVCache:
             prefix.tiers["l2"] = len(found)
             if found:
                 prefix.chunks.extend(found)
-                self._enqueue(_Write(rest[: len(found)], found, [], 0, to_l2=False))  # promoted into L1
+                prefix.from_l2 = rest[: len(found)]
         prefix.tokens = len(prefix.chunks) * self.config.chunk_tokens
         for tier, count in prefix.tiers.items():
             if count:
@@ -414,6 +416,14 @@ class KVCache:
             self._enqueue(_Write(keys, arrays, [], cached_chunks, to_l2=True))
         else:
             self._enqueue(_Write(keys, [], list(layers), cached_chunks, to_l2=True))
+
+    def promote(self, prefix: Prefix) -> None:
+        """Queue the chunks L2 served into L1, so the next request on this node finds them there. Called after
+        the answer: the copy would otherwise compete with the request for the cores."""
+        if prefix.from_l2:
+            found = prefix.chunks[len(prefix.chunks) - len(prefix.from_l2) :]
+            self._enqueue(_Write(list(prefix.from_l2), found, [], 0, to_l2=False))
+            prefix.from_l2 = []
 
     def pending_writes(self) -> int:
         return self._writes.unfinished_tasks
