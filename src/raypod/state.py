@@ -147,6 +147,11 @@ class ClusterView(BaseModel):
     preempted_until: datetime | None = Field(
         None, description="Preempted: its nodes keep running until then, so its work can save a checkpoint."
     )
+    pending_spec: spec_mod.ClusterSpec | None = Field(
+        None, description="A scale-up waiting in the queue for quota; ``spec`` is what runs until it is admitted."
+    )
+    pending_reason: str = ""
+    pending_since: datetime | None = None
 
 
 # -- jobs ----------------------------------------------------------------------------------------------------
@@ -381,6 +386,7 @@ class OwnerDeleted(BaseModel):
 class QueueEntry(BaseModel):
     namespace: str
     name: str
+    kind: str = Field("cluster", description="cluster (it waits to start) or scale (a running cluster's scale-up).")
     team: str
     priority: str
     position: int

@@ -1,8 +1,8 @@
 """Two teams contend for one machine, with real Ray clusters, a real Ray Train run and a real raypod server whose
-pool is 2 Ray CPUs: quotas hold on create and scale, a high-priority cluster preempts a low-priority one whose
-Ray Train run is told, saves a checkpoint and later resumes from it with the undisturbed result, the queue keeps
-its order across a server restart, and admits in priority order as capacity frees. The console shows the quotas
-and the queue in a real browser."""
+pool is 2 Ray CPUs: quotas hold on create and on scale (a scale-up waits in the queue), a high-priority cluster
+preempts a low-priority one whose Ray Train run is told, saves a checkpoint and later resumes from it with the
+undisturbed result, the queue keeps its order across a server restart, and admits in priority order as capacity
+frees. The console shows the quotas and the queue in a real browser."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from raypod import errors, state
 from raypod import spec as spec_mod
+from raypod import state
 from raypod.client import Client
 from tests.e2e.conftest import BROWSER_ARTIFACTS, BROWSER_MISSING, RaypodServer, log_in, module_server, wait_until
 from tests.e2e.test_gateway import run_cli
@@ -82,8 +82,13 @@ def test_two_teams_contend_and_a_preempted_training_run_resumes_with_the_right_r
         train = api.clusters.wait_ready("train", "alpha", timeout=180)
         second = api.clusters.create(cluster("alpha", "second", "normal"))
         assert second.queued and "team alpha is at its quota: cpus 2/1" in second.queue_reason
-        with pytest.raises(errors.QuotaExceeded, match="cpus 2/1"):
-            api.clusters.scale("train", "cpu", 1, "alpha")
+        # A scale-up beyond the quota waits in the queue and the running cluster keeps its size; a scale back
+        # cancels it.
+        waiting = api.clusters.scale("train", "cpu", 1, "alpha")
+        assert waiting.pending_spec is not None and "team alpha is at its quota: cpus 2/1" in waiting.pending_reason
+        assert queue(server)[0] == ("alpha", "train", 1)
+        assert api.clusters.get("train", "alpha").status.desired_nodes == 1
+        assert api.clusters.scale("train", "cpu", 0, "alpha").pending_spec is None
 
         script = (SCRIPTS / "preemptible_train_script.py").read_bytes()
         uri = api.jobs.upload_working_dir("train", [("run/preemptible_train_script.py", script)], "alpha")

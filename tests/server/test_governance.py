@@ -125,7 +125,42 @@ def test_a_team_that_rejects_beyond_its_quota_gets_a_clear_409_and_nothing_is_cr
     assert "cpus 4/2" in refused.json()["message"]
     assert [c["spec"]["name"] for c in gov.get("/api/v1/clusters", headers=ana).json()] == ["one"]
     scale = gov.post("/api/v1/namespaces/ml/clusters/one/scale", json={"group": "w", "replicas": 3}, headers=ana)
-    assert scale.status_code == 409 and "scale-up beyond it is refused" in scale.json()["message"]
+    assert scale.status_code == 409 and "a running cluster keeps its size" in scale.json()["message"]
+
+
+def test_a_scale_up_beyond_the_quota_waits_in_the_queue_and_is_applied_when_capacity_frees(
+    gov: TestClient, root: Headers
+) -> None:
+    ana = make_user(gov, root, "ana", "ml")
+    gov.put("/api/v1/teams/ml/quota", json={"cpus": 4}, headers=root).raise_for_status()
+    for name in ("big", "other"):
+        gov.post("/api/v1/clusters", json={**cluster(name), "namespace": "ml"}, headers=ana).raise_for_status()
+        wait_phase(gov, ana, "ml", name, "Ready")
+    path = "/api/v1/namespaces/ml/clusters/big"
+    waits = gov.post(f"{path}/scale", json={"group": "w", "replicas": 3}, headers=ana)
+    assert waits.status_code == 202
+    view = waits.json()
+    assert view["spec"]["worker_groups"][0]["replicas"] == 1, "the running size changed before admission"
+    assert view["pending_spec"]["worker_groups"][0]["replicas"] == 3
+    assert view["pending_reason"] == "team ml is at its quota: cpus 6/4"
+    [entry] = gov.get("/api/v1/queue", headers=ana).json()
+    assert (entry["name"], entry["kind"], entry["position"]) == ("big", "scale", 1)
+    assert gov.get("/api/v1/teams/ml/quota", headers=ana).json()["queued"] == 1
+    assert phase(gov, ana, "ml", "big") == "Ready", "a waiting scale-up must not disturb the running cluster"
+
+    gov.delete("/api/v1/namespaces/ml/clusters/other", headers=ana).raise_for_status()
+    wait_until(lambda: gov.get(path, headers=ana).json()["pending_spec"] is None, "the scale-up admitted")
+    assert gov.get(path, headers=ana).json()["spec"]["worker_groups"][0]["replicas"] == 3
+    wait_phase(gov, ana, "ml", "big", "Ready")
+    assert "ScaleQueued" in reasons(gov, ana, "ml", "big") and "ScaleAdmitted" in reasons(gov, ana, "ml", "big")
+
+    # Another request replaces the one that waits; a scale-down cancels it.
+    gov.post(f"{path}/scale", json={"group": "w", "replicas": 5}, headers=ana)
+    assert gov.get(path, headers=ana).json()["pending_spec"]["worker_groups"][0]["replicas"] == 5
+    gov.post(f"{path}/scale", json={"group": "w", "replicas": 2}, headers=ana).raise_for_status()
+    after = gov.get(path, headers=ana).json()
+    assert after["pending_spec"] is None and after["spec"]["worker_groups"][0]["replicas"] == 2
+    assert gov.get("/api/v1/queue", headers=ana).json() == []
 
 
 def test_who_may_set_quotas_and_bad_input(gov: TestClient, root: Headers) -> None:
@@ -315,9 +350,11 @@ def test_a_namespace_quota_caps_it_inside_its_teams_quota(gov: TestClient, root:
     waiting = gov.get("/api/v1/namespaces/ml-dev/clusters/dev2", headers=root).json()
     assert waiting["queued"] and waiting["queue_reason"] == "namespace ml-dev is at its quota: cpus 4/2"
     scaled = gov.post("/api/v1/namespaces/ml-dev/clusters/dev1/scale", json={"group": "w", "replicas": 2}, headers=ana)
-    assert scaled.status_code == 409 and "namespace ml-dev is at its quota" in scaled.json()["message"]
+    assert "namespace ml-dev" in scaled.json()["pending_reason"]  # behind dev2, held by the cap
     listed = {(q["team"], q["namespace"]): q for q in gov.get("/api/v1/quotas", headers=ana).json()}
-    assert listed[("ml", "ml-dev")]["usage"]["cpus"] == 2 and listed[("ml", "ml-dev")]["queued"] == 1
+    assert (
+        listed[("ml", "ml-dev")]["usage"]["cpus"] == 2 and listed[("ml", "ml-dev")]["queued"] == 2
+    )  # dev2, and dev1's scale-up
     assert listed[("ml", None)]["usage"]["cpus"] == 4
     gov.delete("/api/v1/namespaces/ml-dev/quota", headers=root).raise_for_status()
     assert gov.get("/api/v1/namespaces/ml-dev/quota", headers=ana).status_code == 404

@@ -91,7 +91,8 @@ def queue_list(fmt: OutputOpt = Format.TABLE) -> None:
     for column in ("#", "NAMESPACE", "CLUSTER", "TEAM", "PRIORITY", "WAITING BECAUSE"):
         table.add_column(column)
     for entry in entries:
-        table.add_row(str(entry.position), entry.namespace, entry.name, entry.team, entry.priority, entry.reason)
+        name = entry.name + (" (scale-up)" if entry.kind == "scale" else "")
+        table.add_row(str(entry.position), entry.namespace, name, entry.team, entry.priority, entry.reason)
     output.console.print(table)
 
 

@@ -9,6 +9,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 
 # An admitted cluster's queue_reason when it runs on quota another team left idle: it is preempted first.
 BORROWED = "borrowed"
+SCALE = "/scale"  # the admission's id of a running cluster's waiting scale-up: "<uid>/scale"
 
 
 class GovernanceService:
@@ -110,29 +112,29 @@ class GovernanceService:
         """What waits, in the order it will be admitted, with why; the caller sees its teams' namespaces."""
         views = self.store.list()
         teams = self._teams()
-        running = self._running(views, teams)
-        queued = [v for v in views if v.queued and not v.deleting]
-        workloads = {v.uid: self._workload(v, teams) for v in queued}
         usage: dict[str, admission.Resources] = {}
-        for run in running:
+        for run in self._running(views, teams):
             usage[run.workload.team] = usage.get(run.workload.team, admission.Resources()) + run.workload.demand
-        ordered = admission.order(workloads.values(), usage, self._quotas())
-        by_uid = {v.uid: v for v in queued}
+        waiting = self._waiting(views, teams)
+        by_uid = {v.uid: v for v in views}
         entries = []
-        for position, item in enumerate(ordered, start=1):
-            view = by_uid[item.id]
-            if caller.is_admin or item.team in caller.teams:
-                entries.append(
-                    state.QueueEntry(
-                        namespace=view.spec.namespace,
-                        name=view.spec.name,
-                        team=item.team,
-                        priority=view.spec.priority,
-                        position=position,
-                        reason=view.queue_reason,
-                        submitted_at=view.created_at,
-                    )
+        for position, item in enumerate(admission.order(waiting, usage, self._quotas()), start=1):
+            if not (caller.is_admin or item.team in caller.teams):
+                continue
+            scale = item.id.endswith(SCALE)
+            view = by_uid[item.id.removesuffix(SCALE)]
+            entries.append(
+                state.QueueEntry(
+                    namespace=view.spec.namespace,
+                    name=view.spec.name,
+                    kind="scale" if scale else "cluster",
+                    team=item.team,
+                    priority=view.spec.priority,
+                    position=position,
+                    reason=view.pending_reason if scale else view.queue_reason,
+                    submitted_at=(view.pending_since or view.created_at) if scale else view.created_at,
                 )
+            )
         return entries
 
     def kueue_objects(self, caller: identity.Principal) -> builtins.list[dict[str, Any]]:
@@ -188,50 +190,50 @@ class GovernanceService:
             team = teams.get(spec.namespace, spec.namespace)
             priority = self.priority_classes[spec.priority]
             new = admission.Workload("(new)", team, priority, float("inf"), self.demand(spec), spec.namespace)
-            queued = admission.WorkQueue(self._workload(v, teams) for v in views if v.queued and not v.deleting)
-            queued.add(new)
-            decided = admission.admit(
-                queued, self._running(views, teams), self._quotas(), self.pool(), self._namespace_quotas()
-            )
+            decided = self._decide_with(new, views, teams)
         if new.id in decided.admitted:
             return False, BORROWED if new.id in decided.borrowed else ""
         reason = decided.why_waiting(new.id)
+        self._reject_if_policy(team, spec.namespace, reason, "")
+        return True, reason
+
+    def on_scale(self, view: state.ClusterView, scaled: spec_mod.ClusterSpec) -> str | None:
+        """None where the scale-up fits now; else why it waits (the caller queues it). Raises QuotaExceeded where
+        the team's (or namespace's) policy rejects work beyond its quota."""
+        if view.queued or not self.admits:
+            return None  # a queued cluster holds nothing: its new size waits with it
+        with self._lock:
+            # The request replaces the scale-up the cluster may already have waiting.
+            views = [v.model_copy(update={"pending_spec": None}) if v.uid == view.uid else v for v in self.store.list()]
+            teams = self._teams()
+            team = teams.get(view.spec.namespace, view.spec.namespace)
+            extra = self.demand(scaled) - self.demand(view.spec)
+            priority = self.priority_classes.get(view.spec.priority, 0)
+            new = admission.Workload("(scale)", team, priority, float("inf"), extra, view.spec.namespace, False)
+            decided = self._decide_with(new, views, teams)
+        if new.id in decided.admitted:
+            return None
+        reason = decided.why_waiting(new.id)
+        self._reject_if_policy(team, view.spec.namespace, reason, "; a running cluster keeps its size")
+        return reason
+
+    def _decide_with(
+        self, new: admission.Workload, views: builtins.list[state.ClusterView], teams: dict[str, str]
+    ) -> admission.Admission:
+        queued = admission.WorkQueue(self._waiting(views, teams))
+        queued.add(new)
+        return admission.admit(
+            queued, self._running(views, teams), self._quotas(), self.pool(), self._namespace_quotas()
+        )
+
+    def _reject_if_policy(self, team: str, namespace: str, reason: str, note: str) -> None:
         for owner, quota in (
             (f"team {team}", self.store.quotas().get(team)),
-            (f"namespace {spec.namespace}", self.store.namespace_quotas().get(spec.namespace)),
+            (f"namespace {namespace}", self.store.namespace_quotas().get(namespace)),
         ):
             rejects = quota is not None and quota.policy is spec_mod.QuotaPolicy.REJECT
             if rejects and reason.startswith(f"{owner} is at its quota"):
-                raise errors.QuotaExceeded(f"{reason}; {owner} rejects work beyond its quota")
-        return True, reason
-
-    def check_scale(self, view: state.ClusterView, scaled: spec_mod.ClusterSpec) -> None:
-        """A scale-up within the team's quota passes; beyond it, it is refused (scales are not queued).
-        Raises QuotaExceeded."""
-        teams = self._teams()
-        namespace = view.spec.namespace
-        team = teams.get(namespace, namespace)
-        quota, namespace_quota = self._quotas().get(team), self._namespace_quotas().get(namespace)
-        if (quota is None and namespace_quota is None) or view.queued or not self.admits:
-            return
-        own, in_namespace = admission.Resources(), admission.Resources()
-        for run in self._running(self.store.list(), teams):
-            if run.workload.id == view.uid:
-                continue
-            if run.workload.team == team and not run.borrowed:
-                own = own + run.workload.demand
-            if run.workload.namespace == namespace:
-                in_namespace = in_namespace + run.workload.demand
-        demand = self.demand(scaled)
-        for owner, limit, usage in (
-            (f"team {team}", quota, own),
-            (f"namespace {namespace}", namespace_quota, in_namespace),
-        ):
-            over = limit.over(usage + demand) if limit is not None else []
-            if over:
-                raise errors.QuotaExceeded(
-                    f"{owner} is at its quota: {', '.join(over)}; a scale-up beyond it is refused, not queued"
-                )
+                raise errors.QuotaExceeded(f"{reason}; {owner} rejects work beyond its quota{note}")
 
     def schedule(self, *, force: bool = False) -> None:
         """One admission pass over the queue: admit what fits, note why the rest waits, preempt what must give
@@ -245,20 +247,32 @@ class GovernanceService:
                 return
             self._decided_at = fingerprint
             views = self.store.list()
-            queued = [v for v in views if v.queued and not v.deleting]
-            if not queued and not any(v.queue_reason == BORROWED for v in views):
-                return  # nothing waits and nothing borrowed may have to be given back
             teams = self._teams()
+            waiting = self._waiting(views, teams)
+            if not waiting and not any(v.queue_reason == BORROWED for v in views):
+                return  # nothing waits and nothing borrowed may have to be given back
             by_uid = {v.uid: v for v in views}
             decided = admission.admit(
-                admission.WorkQueue(self._workload(v, teams) for v in queued),
+                admission.WorkQueue(waiting),
                 self._running(views, teams),
                 self._quotas(),
                 self.pool(),
                 self._namespace_quotas(),
             )
+            scales = {w.id for w in waiting if w.id.endswith(SCALE)}
+            for id_ in scales:
+                view = by_uid[id_.removesuffix(SCALE)]
+                if id_ in decided.admitted and view.pending_spec is not None:
+                    self.store.admit_pending(view.uid, view.pending_spec)
+                    self.store.record(view, state.EventType.NORMAL, "ScaleAdmitted", _scale_words(view))
+                    self.wake(view.uid)
+                elif id_ not in decided.admitted:
+                    reason = _named(decided.why_waiting(id_), by_uid)
+                    if reason != view.pending_reason:
+                        self.store.set_pending_reason(view.uid, reason)
+            queued = [v for v in views if v.queued and not v.deleting]
             changed: list[tuple[state.ClusterView, bool, str, str, str]] = []  # view, queued, reason, event, message
-            for uid in decided.admitted:
+            for uid in (u for u in decided.admitted if u not in scales):
                 borrowed = uid in decided.borrowed
                 note = " on quota borrowed from other teams" if borrowed else ""
                 changed.append((by_uid[uid], False, BORROWED if borrowed else "", "Admitted", f"admitted{note}"))
@@ -349,6 +363,27 @@ class GovernanceService:
             namespace=view.spec.namespace,
         )
 
+    def _waiting(self, views: Iterable[state.ClusterView], teams: dict[str, str]) -> list[admission.Workload]:
+        """Queued clusters, and running clusters' scale-ups that wait (ids ``<uid>/scale``, the extra they ask)."""
+        found = []
+        for view in views:
+            if view.deleting:
+                continue
+            if view.queued:
+                found.append(self._workload(view, teams))
+            elif view.pending_spec is not None:
+                current = self._workload(view, teams)
+                found.append(
+                    replace(
+                        current,
+                        id=view.uid + SCALE,
+                        submitted_at=(view.pending_since or view.created_at).timestamp(),
+                        demand=self.demand(view.pending_spec) - current.demand,
+                        may_borrow=False,
+                    )
+                )
+        return found
+
     def _running(self, views: Iterable[state.ClusterView], teams: dict[str, str]) -> list[admission.Running]:
         """Admitted clusters, those being deleted included: their nodes hold the machines until they are gone."""
         return [
@@ -366,9 +401,10 @@ class GovernanceService:
         for view in views:
             team = teams.get(view.spec.namespace, view.spec.namespace)
             keys = (team, f"ns/{view.spec.namespace}")
-            if view.queued:
+            if view.queued or (view.pending_spec is not None and not view.deleting):
                 for key in keys:
                     queued[key] = queued.get(key, 0) + (0 if view.deleting else 1)
+            if view.queued:
                 continue  # a cluster being deleted holds its nodes until they are gone: it counts below
             demand = self.demand(view.spec)
             for key in keys:
@@ -397,6 +433,12 @@ class GovernanceService:
                 )
             )
         return found
+
+
+def _scale_words(view: state.ClusterView) -> str:
+    assert view.pending_spec is not None
+    before, after = len(view.spec.desired_nodes()), len(view.pending_spec.desired_nodes())
+    return f"scale-up admitted: {before} -> {after} nodes"
 
 
 _UID = re.compile(r"\b[0-9a-f]{16}\b")

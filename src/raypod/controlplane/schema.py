@@ -24,6 +24,10 @@ clusters = sa.Table(
     sa.Column("queue_reason", sa.Text, nullable=False, default="", server_default=""),
     # A preempted cluster's nodes run until then: its work was told, and has that long to save a checkpoint.
     sa.Column("preempted_until", sa.DateTime(timezone=True), nullable=True),
+    # A scale-up beyond the quota waits in the queue as this spec; the running spec stays until it is admitted.
+    sa.Column("pending_spec", sa.Text, nullable=True),
+    sa.Column("pending_reason", sa.Text, nullable=False, default="", server_default=""),
+    sa.Column("pending_since", sa.DateTime(timezone=True), nullable=True),
     sa.UniqueConstraint("namespace", "name", name="uq_clusters_namespace_name"),
 )
 

@@ -106,7 +106,8 @@ class ClusterService:
 
         Raises:
             NotFound: unknown cluster or group. InvalidSpec: replicas out of bounds.
-            Conflict: the cluster is being deleted. InsufficientCapacity.
+            Conflict: the cluster is being deleted. InsufficientCapacity. QuotaExceeded (the team rejects work
+            beyond its quota). A scale-up beyond the quota otherwise waits in the queue (``pending_spec``).
         """
         view = self.get(caller, namespace, name, Verb.OPERATE)
         if view.deleting:
@@ -115,8 +116,16 @@ class ClusterService:
         scaled = view.spec.with_replicas(group, replicas)
         if replicas > before:
             self.check_capacity(scaled, excluding=view.uid)
-            if self.governance is not None:
-                self.governance.check_scale(view, scaled)
+            waits = self.governance.on_scale(view, scaled) if self.governance is not None else None
+            if waits is not None:
+                self.store.set_pending(view.uid, scaled, waits)
+                message = f"worker group {group}: {before} -> {replicas} replicas waits: {waits}"
+                self.store.record(view, state.EventType.NORMAL, "ScaleQueued", message)
+                self.wake(view.uid)
+                return self.store.get(namespace, name)
+        if view.pending_spec is not None:
+            self.store.set_pending(view.uid, None)  # this request replaces the scale-up that waited
+            self.store.record(view, state.EventType.NORMAL, "ScaleCancelled", "the scale-up that waited is replaced")
         self.store.update_spec(view.uid, scaled)
         self.store.record(
             view, state.EventType.NORMAL, "Scaled", f"worker group {group}: {before} -> {replicas} replicas"

@@ -167,6 +167,37 @@ class Store:
                 .values(spec=spec.model_dump_json(), generation=clusters.c.generation + 1, updated_at=now())
             )
 
+    def set_pending(self, uid: str, spec: spec_mod.ClusterSpec | None, reason: str = "") -> None:
+        """Queue a scale-up (``spec``, why it waits) or drop the one waiting (None)."""
+        values: dict[str, Any] = {
+            "pending_spec": spec.model_dump_json() if spec is not None else None,
+            "pending_reason": reason,
+            "pending_since": now() if spec is not None else None,
+            "updated_at": now(),
+        }
+        with self.engine.begin() as connection:
+            connection.execute(clusters.update().where(clusters.c.uid == uid).values(**values))
+
+    def set_pending_reason(self, uid: str, reason: str) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(clusters.update().where(clusters.c.uid == uid).values(pending_reason=reason))
+
+    def admit_pending(self, uid: str, spec: spec_mod.ClusterSpec) -> None:
+        """The waiting scale-up becomes the cluster's spec."""
+        with self.engine.begin() as connection:
+            connection.execute(
+                clusters.update()
+                .where(clusters.c.uid == uid)
+                .values(
+                    spec=spec.model_dump_json(),
+                    generation=clusters.c.generation + 1,
+                    pending_spec=None,
+                    pending_reason="",
+                    pending_since=None,
+                    updated_at=now(),
+                )
+            )
+
     def set_queued(self, uid: str, queued: bool, reason: str = "", preempted_until: datetime | None = None) -> None:
         """Queue the cluster (``reason``: why it waits; ``preempted_until``: a preempted cluster's grace, kept while
         it waits when not given) or admit it (``reason``: a note, such as borrowed; the grace ends)."""
@@ -385,6 +416,9 @@ def _view(row: sa.Row[tuple[object, ...]]) -> state.ClusterView:
         queued=bool(mapping["queued"]),
         queue_reason=mapping["queue_reason"],
         preempted_until=aware(mapping["preempted_until"]) if mapping["preempted_until"] else None,
+        pending_spec=_spec(mapping["pending_spec"]) if mapping["pending_spec"] else None,
+        pending_reason=mapping["pending_reason"],
+        pending_since=aware(mapping["pending_since"]) if mapping["pending_since"] else None,
     )
 
 

@@ -78,6 +78,7 @@ class Workload:
     submitted_at: float
     demand: Resources
     namespace: str = ""  # a namespace with its own quota caps its workloads within the team's
+    may_borrow: bool = True  # False for a running workload's growth: a workload borrows whole or not at all
 
 
 @dataclass(frozen=True)
@@ -240,7 +241,7 @@ def admit(
             own = used.get(team, Resources()) - lent.get(team, Resources())
             over = quota.over(own + item.demand)
             borrow = False
-            if over and quota.borrow and _fits(_limited(item.demand, quota), ledger.idle_for(team)):
+            if over and quota.borrow and item.may_borrow and _fits(_limited(item.demand, quota), ledger.idle_for(team)):
                 over, borrow = [], True  # the whole workload runs on borrowed quota: the first to give it back
             if over:
                 result.waiting[item.id] = f"team {team} is at its quota: " + ", ".join(over)

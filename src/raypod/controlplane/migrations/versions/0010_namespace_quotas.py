@@ -1,4 +1,4 @@
-"""Governance: a namespace's own quota, inside its team's.
+"""Governance: a namespace's own quota, inside its team's; a scale-up waiting for quota.
 
 Revision ID: 0010
 Revises: 0009
@@ -21,7 +21,15 @@ def upgrade() -> None:
         sa.Column("updated_by", sa.String(63), nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
     )
+    with op.batch_alter_table("clusters") as batch:
+        batch.add_column(sa.Column("pending_spec", sa.Text, nullable=True))
+        batch.add_column(sa.Column("pending_reason", sa.Text, nullable=False, server_default=""))
+        batch.add_column(sa.Column("pending_since", sa.DateTime(timezone=True), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("clusters") as batch:
+        batch.drop_column("pending_since")
+        batch.drop_column("pending_reason")
+        batch.drop_column("pending_spec")
     op.drop_table("namespace_quotas")
