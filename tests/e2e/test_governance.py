@@ -86,7 +86,7 @@ def test_two_teams_contend_and_a_preempted_training_run_resumes_with_the_right_r
         # cancels it.
         waiting = api.clusters.scale("train", "cpu", 1, "alpha")
         assert waiting.pending_spec is not None and "team alpha is at its quota: cpus 2/1" in waiting.pending_reason
-        assert queue(server)[0] == ("alpha", "train", 1)
+        assert queue(server) == [("alpha", "second", 1), ("alpha", "train", 2)]  # by priority: normal, then low
         assert api.clusters.get("train", "alpha").status.desired_nodes == 1
         assert api.clusters.scale("train", "cpu", 0, "alpha").pending_spec is None
 
@@ -170,6 +170,18 @@ def check_console(server: RaypodServer, browser: Any) -> None:
         expect(rows.nth(0)).to_contain_text("beta/later")
         expect(rows.nth(0)).to_contain_text(re.compile("team beta is at its quota"))
         expect(rows.nth(2)).to_contain_text("alpha/train")
+        # A team admin caps a namespace from the form (harmless here: alpha runs nothing).
+        page.get_by_text("Set a team's quota").click()
+        page.get_by_label("Namespace (optional)").select_option("alpha")
+        page.get_by_label("Clusters").fill("5")
+        page.get_by_role("button", name="Set quota").click()
+        expect(page.get_by_role("status")).to_contain_text("Quota of namespace alpha set")
+        expect(page.get_by_test_id("quota-ns-alpha")).to_contain_text("0 / 5")
+        bad = page.get_by_label("CPUs")
+        bad.fill("-1")
+        page.get_by_role("button", name="Set quota").click()
+        expect(page.locator("#form-error")).to_be_visible()
+        expect(bad).to_have_attribute("aria-invalid", "true")
         BROWSER_ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=BROWSER_ARTIFACTS / "governance-quotas.png", full_page=True)
     finally:
