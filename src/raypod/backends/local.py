@@ -46,6 +46,7 @@ SHARED_DIR_VARIABLE = "RAYPOD_SHARED_DIR"
 REDIS_NODE = "_redis"  # the marker of the Redis process: names that start with "_" are never nodes
 KV_REDIS_NODE = "_kvredis"
 KV_URL_FILE = "kv-l2-url"
+NODE_PYTHON_DIR = str(Path(__file__).parent / "node_python")
 UNSHARE = ("unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private")
 NODE_MARKER = "RAYPOD_NODE_NAME"
 INCARNATION_LABEL = "raypod.io/incarnation"
@@ -653,6 +654,10 @@ class LocalBackend:
         # started from a virtual environment that is not activated.
         interpreter_bin = str(Path(sys.executable).parent)
         env["PATH"] = os.pathsep.join([interpreter_bin, *(p for p in env.get("PATH", "").split(os.pathsep) if p)])
+        # Every Python process of the node starts with raypod's sitecustomize (it defers a slow import of Ray's).
+        env["PYTHONPATH"] = os.pathsep.join(
+            [NODE_PYTHON_DIR, *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+        )
         env.update(node.env)
         env.update(ray_auth_environment(self.ray_token(cluster_id)))
         if self.fast_health_checks and node.is_head:
