@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import ssl
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +22,15 @@ import websockets.sync.client
 
 from raypod import errors, state
 from raypod.client._http import tls_verify
-from tests.e2e.conftest import BROWSER_ARTIFACTS, BROWSER_MISSING, CHROMIUM, RaypodServer, log_in, module_server
+from tests.e2e.conftest import (
+    BROWSER_ARTIFACTS,
+    BROWSER_MISSING,
+    CHROMIUM,
+    RaypodServer,
+    log_in,
+    module_server,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 pytest.importorskip("jupyterlab")
@@ -222,6 +231,33 @@ def test_files_survive_a_stop_and_a_start(server: RaypodServer, space: state.Spa
         assert gone.status_code == 409 and "stopped" in gone.json()["message"]
         api.spaces.start(SPACE)
         api.spaces.wait_ready(SPACE, timeout=240)
+    read = http.get(f"/spaces/default/{SPACE}/api/contents/notes.txt")
+    assert read.status_code == 200 and read.json()["content"] == "kept across restarts"
+
+
+def test_a_head_restart_restarts_the_workspace_node_and_a_new_kernels_ray_init_connects(
+    server: RaypodServer, space: state.SpaceView, http: httpx.Client
+) -> None:
+    with server.client() as api:
+        started = time.time()
+        api.clusters.replace_node("lab", "head")
+
+        def restarted() -> bool:
+            return any(
+                e.reason == "RestartedWithHead" and e.node == "space-nb" and e.time.timestamp() >= started
+                for e in api.clusters.events("lab", limit=500)
+            )
+
+        wait_until(restarted, "the workspace node restarted with the head", 180)
+        api.spaces.wait_ready(SPACE, timeout=240)
+    with kernel(server, http) as notebook:
+        output = notebook.run(
+            "import ray\nray.init(address='auto')\n"
+            "print(len([n for n in ray.nodes() if n['Alive']]))\n"
+            "print(ray.get(ray.remote(num_cpus=1)(lambda: 'ran').remote()))\n"
+        )
+    alive, ran = output.strip().splitlines()[-2:]  # the cell's stream also carries Ray's log lines
+    assert ran == "ran" and int(alive) >= 3, output  # the head, the workers and the workspace's node
     read = http.get(f"/spaces/default/{SPACE}/api/contents/notes.txt")
     assert read.status_code == 200 and read.json()["content"] == "kept across restarts"
 
