@@ -341,6 +341,7 @@ class SpaceView(BaseModel):
     message: str = ""
     url: str = Field(description="Path of the IDE on raypod's server.")
     node: str = Field(description="The workspace's Ray node (0 CPUs, label raypod.io/space).")
+    python_env: str | None = Field(None, description="The Python environment its kernels run in, when not raypod's.")
 
 
 class DeploymentView(BaseModel):

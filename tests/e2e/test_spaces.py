@@ -11,9 +11,13 @@ import json
 import re
 import shutil
 import ssl
+import subprocess
+import sys
+import sysconfig
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -124,10 +128,13 @@ class Kernel:
 
 
 @contextlib.contextmanager
-def kernel(server: RaypodServer, http: httpx.Client) -> Iterator[Kernel]:
-    created = http.post(f"/spaces/default/{SPACE}/api/kernels", json={"name": "python3"})
+def kernel(
+    server: RaypodServer, http: httpx.Client, space: str = SPACE, name: str | None = "python3"
+) -> Iterator[Kernel]:
+    """A new kernel of the workspace (``name`` None: the workspace's default kernel)."""
+    created = http.post(f"/spaces/default/{space}/api/kernels", json={"name": name} if name else {})
     assert created.status_code == 201, created.text
-    url = f"wss://127.0.0.1:{server.port}/spaces/default/{SPACE}/api/kernels/{created.json()['id']}/channels"
+    url = f"wss://127.0.0.1:{server.port}/spaces/default/{space}/api/kernels/{created.json()['id']}/channels"
     with websockets.sync.client.connect(
         url,
         ssl=ssl.create_default_context(cafile=server.ca_file),
@@ -334,3 +341,31 @@ def test_the_console_creates_and_opens_a_workspace_and_jupyterlab_loads(
     with server.client() as api:
         api.spaces.delete("second")
         assert [s.name for s in api.spaces.list()] == [SPACE]
+
+
+def test_a_workspace_with_its_own_python_environment_runs_its_kernels_there(
+    server: RaypodServer, cluster: state.ClusterView, http: httpx.Client
+) -> None:
+    """A virtual environment with a package only it has (and, through a .pth file, this installation's Ray and
+    ipykernel): the workspace's default kernel runs in it and is a driver of the cluster. It lives in the
+    repository's test-artifacts/, which a sandboxed node can read (raypod's home and /tmp it cannot)."""
+    env = BROWSER_ARTIFACTS / "kernel-env"
+    shutil.rmtree(env, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
+    site = Path(sysconfig.get_path("purelib", vars={"base": str(env), "platbase": str(env)}))
+    (site / "installation.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    (site / "only_in_env.py").write_text("VALUE = 42\n")
+    with server.client() as api:
+        created = api.spaces.create("envnb", "lab", python_env=str(env))
+        assert created.python_env == str(env)
+        api.spaces.wait_ready("envnb", timeout=240)
+        try:
+            with kernel(server, http, "envnb", name=None) as notebook:
+                output = notebook.run(
+                    "import sys, only_in_env, ray\nray.init(address='auto')\n"
+                    "print(sys.prefix)\nprint(only_in_env.VALUE)\n"
+                    "print(ray.get(ray.remote(num_cpus=1)(lambda: 'ran').remote()))\n"
+                )
+            assert output.strip().splitlines()[-3:] == [str(env), "42", "ran"], output
+        finally:
+            api.spaces.delete("envnb", keep_files=False)

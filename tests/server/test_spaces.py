@@ -3,6 +3,10 @@ spec, and the refusals. A real JupyterLab on a real cluster is tests/e2e/test_sp
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -66,3 +70,25 @@ def test_bad_workspaces_are_refused_with_the_field_named(client: TestClient, adm
     assert again.status_code == 409 and "already exists" in again.json()["message"]
     group = client.post("/api/v1/clusters", json={"name": "d", "worker_groups": [{"name": "space"}]}, headers=admin)
     assert group.status_code == 422 and "reserved for workspaces" in group.json()["message"]
+
+
+def test_a_python_env_that_cannot_run_a_drivers_kernel_is_refused_with_how_to_fix_it(
+    client: TestClient, admin: dict[str, str], tmp_path: Path
+) -> None:
+    client.post("/api/v1/clusters", json={"name": "c"}, headers=admin).raise_for_status()
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    base = "/api/v1/namespaces/default/spaces"
+    cases = [
+        ("relative/env", "an absolute path"),
+        ("/no/such/env", "/no/such/env/bin/python does not exist"),
+        (str(bare), "lacks ipykernel or Ray; install them with: "),
+    ]
+    for python_env, text in cases:
+        answer = client.post(base, json={"name": "x", "cluster": "c", "python_env": python_env}, headers=admin)
+        assert answer.status_code == 422 and text in answer.json()["message"], answer.text
+    editor = client.post(
+        base, json={"name": "x", "cluster": "c", "kind": "code-editor", "python_env": str(bare)}, headers=admin
+    )
+    assert editor.status_code == 422
+    assert client.get(base, headers=admin).json() == [], "a refused workspace was half created"

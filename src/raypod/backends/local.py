@@ -120,6 +120,7 @@ class _NodeRecord:
     space_kind: str = ""  # the workspace IDE the node hosts (capabilities/spaces), when it hosts one
     space_path: str = ""  # its base URL path on raypod's server
     space_dir: str = ""  # its files
+    space_python_env: str = ""  # the Python environment its kernels run in, when not raypod's
     ide_port: int = 0
     ide_pid: int = 0
     ide_create_time: float = 0.0
@@ -347,6 +348,9 @@ class LocalBackend:
                     node.space_path,
                     str(files),
                 )
+                record.space_python_env = node.space.python_env or ""
+                if node.space.python_env:
+                    space_ide.write_env_kernel(files, node.space.python_env)
                 record.ide_port = _ports.allocate(1, self._reserved_ports() | set(ports))[0]
                 binds.append(str(files))
             node_dir = self._cluster_dir(cluster_id) / "nodes"
@@ -486,7 +490,8 @@ class LocalBackend:
                 where.get("server"),
                 space_ide.copy_ca(where.get("ca_file"), files),
             )
-            argv = self._as_node(record, space_ide.command(kind, record.ide_port, record.space_path, files))
+            ide = space_ide.command(kind, record.ide_port, record.space_path, files, record.space_python_env or None)
+            argv = self._as_node(record, ide)
         except (psutil.Error, errors.RaypodError):
             return  # the node is starting or stopping: next pass
         if record.ide_pid:

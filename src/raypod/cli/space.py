@@ -25,12 +25,16 @@ def create(
     namespace: NamespaceOpt = "default",
     kind: Annotated[str, typer.Option(help="jupyterlab or code-editor.")] = "jupyterlab",
     memory: Annotated[str | None, typer.Option(help="Memory Ray schedules against on its node, e.g. 2Gi.")] = None,
+    python_env: Annotated[
+        str | None,
+        typer.Option(help="A Python environment (a venv's directory) for the kernels; it needs ipykernel and Ray."),
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait until its IDE answers.")] = True,
     fmt: OutputOpt = Format.TABLE,
 ) -> None:
     """Create a workspace: raypod space create nb -c demo"""
     api = cluster_cli.client()
-    space = api.spaces.create(name, cluster, kind, namespace, memory)
+    space = api.spaces.create(name, cluster, kind, namespace, memory, python_env)
     output.errors_console.print(f"workspace {name} ({kind}) joins {namespace}/{cluster} as node {space.node}")
     if wait:
         space = api.spaces.wait_ready(name, namespace, on_progress=output.status_lines(_phase))

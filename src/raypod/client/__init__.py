@@ -290,10 +290,15 @@ class Spaces:
         kind: str = "jupyterlab",
         namespace: str = "default",
         memory: str | int | None = None,
+        python_env: str | None = None,
     ) -> state.SpaceView:
+        """``python_env``: a Python environment's directory on the nodes' host whose interpreter runs the kernels
+        (it needs ipykernel and the cluster's Ray version)."""
         body: dict[str, Any] = {"name": name, "cluster": cluster, "kind": kind}
         if memory is not None:
             body["memory"] = memory
+        if python_env is not None:
+            body["python_env"] = python_env
         return state.SpaceView.model_validate(
             self._t.request("POST", f"/api/v1/namespaces/{namespace}/spaces", json=body)
         )

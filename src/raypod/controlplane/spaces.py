@@ -34,6 +34,8 @@ class SpaceService:
                 f"workspace '{space.name}' already exists in namespace '{namespace}' (on cluster {found.spec.name})"
             )
         why = ide.missing(space.kind)
+        if space.python_env and why is None:
+            why = self._python_env_problem(view, space)
         if why:
             raise errors.InvalidSpec(f"cannot create workspace '{space.name}': {why}")
         space = space.model_copy(
@@ -88,6 +90,15 @@ class SpaceService:
 
     # -- internals ---------------------------------------------------------------------------------------
 
+    def _python_env_problem(self, view: state.ClusterView, space: spec_mod.SpaceSpec) -> str | None:
+        assert space.python_env is not None
+        if space.kind is not spec_mod.SpaceKind.JUPYTERLAB:
+            return "python_env: only JupyterLab's kernels run in an environment of their own"
+        hidden = self.clusters.backend.hidden_from_nodes(view.uid, space.python_env)
+        if hidden:
+            return f"python_env: the cluster's nodes cannot read {space.python_env} ({hidden})"
+        return ide.python_env_problem(space.python_env, view.spec.ray_version)
+
     def _find(self, namespace: str, name: str) -> state.ClusterView | None:
         return next((view for view in self.clusters.store.list(namespace) if view.spec.space(name)), None)
 
@@ -137,6 +148,7 @@ def _view(cluster: state.ClusterView, space: spec_mod.SpaceSpec) -> state.SpaceV
         owner=space.owner,
         url=url,
         node=node,
+        python_env=space.python_env,
     )
     if not space.running:
         return state.SpaceView(**base, state="Stopped", message="stopped: its files are kept")

@@ -4,7 +4,9 @@ finding the programs."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,14 +26,51 @@ def missing(kind: SpaceKind) -> str | None:
     return None
 
 
+ENV_KERNEL = "raypod-env"  # the kernel of a workspace's own Python environment: the default where one is given
+
+
+def python_env_problem(python_env: str, ray_version: str) -> str | None:
+    """Why the environment cannot run a notebook kernel that is a driver of a cluster on ``ray_version``, or
+    None. Runs its interpreter once."""
+    interpreter = Path(python_env) / "bin" / "python"
+    if not interpreter.is_file():
+        return f"python_env: {interpreter} does not exist (give the directory of a virtual environment)"
+    probe = "import ipykernel, ray; print(ray.__version__)"
+    try:
+        done = subprocess.run([str(interpreter), "-c", probe], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"python_env: {interpreter} does not run ({type(exc).__name__})"
+    install = f"{interpreter} -m pip install 'ray[default]=={ray_version}' ipykernel"
+    if done.returncode != 0:
+        return f"python_env: {python_env} lacks ipykernel or Ray; install them with: {install}"
+    found = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "?"
+    if found != ray_version:
+        return f"python_env: {python_env} has Ray {found}; the cluster runs {ray_version}: {install}"
+    return None
+
+
+def write_env_kernel(root: Path, python_env: str) -> None:
+    """The environment's kernel, in the workspace's own Jupyter data directory (its $HOME is ``root``)."""
+    folder = root / ".local" / "share" / "jupyter" / "kernels" / ENV_KERNEL
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "argv": [str(Path(python_env) / "bin" / "python"), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"Python ({Path(python_env).name})",
+        "language": "python",
+        "metadata": {"raypod": {"python_env": python_env}},
+    }
+    (folder / "kernel.json").write_text(json.dumps(spec, indent=1))
+
+
 def files_dir(home: Path, namespace: str, name: str) -> Path:
     """A workspace's files: by namespace and name, not by cluster, so they outlive its node, a stop, the
     cluster, and a move to another cluster."""
     return home / "spaces" / namespace / name / "files"
 
 
-def command(kind: SpaceKind, port: int, base_path: str, root: Path) -> list[str]:
-    """The IDE server on loopback at ``port``, serving under ``base_path`` (the gateway forwards the full path)."""
+def command(kind: SpaceKind, port: int, base_path: str, root: Path, python_env: str | None = None) -> list[str]:
+    """The IDE server on loopback at ``port``, serving under ``base_path`` (the gateway forwards the full path);
+    with ``python_env``, its kernels run there by default."""
     if kind is SpaceKind.JUPYTERLAB:
         return [
             sys.executable,
@@ -50,6 +89,7 @@ def command(kind: SpaceKind, port: int, base_path: str, root: Path) -> list[str]
             "--ServerApp.open_browser=False",
             "--LabApp.news_url=",
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            *([f"--MappingKernelManager.default_kernel_name={ENV_KERNEL}"] if python_env else []),
         ]
     return [
         str(shutil.which("code-server") or "code-server"),
