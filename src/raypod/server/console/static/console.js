@@ -524,6 +524,7 @@ function initSpaces() {
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     const body = { name: form.name.value.trim(), kind: form.kind.value, cluster };
+    if (form.python_env.value.trim()) body.python_env = form.python_env.value.trim();
     const result = await api("POST", `/api/v1/namespaces/${namespace}/spaces`, body);
     if (!result.ok) {
       form.name.setAttribute("aria-invalid", "true");
