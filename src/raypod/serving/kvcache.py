@@ -29,7 +29,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import queue
 import struct
 import threading
@@ -47,9 +46,6 @@ MAGIC = b"RPKV1"
 DEFAULT_CHUNK_TOKENS = 256
 L1_ACTOR_PREFIX = "raypod-kv-l1-"
 L1_NAMESPACE = "raypod"
-
-
-WRITER_NICENESS = 10  # of the background writer thread; between the requests' 0 and the idle 19
 
 
 class CorruptEntry(ValueError):
@@ -452,10 +448,6 @@ class KVCache:
             self.metric("kv_cache_dropped_writes", len(write.keys), {})
 
     def _write_loop(self) -> None:
-        # Writes are background work: on Linux a thread has a priority of its own, and a lower one lets requests
-        # (this replica's and the other replicas' on the node) have the cores first.
-        with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
         while True:
             write = self._writes.get()
             try:
