@@ -348,8 +348,8 @@ def test_a_workspace_with_its_own_python_environment_runs_its_kernels_there(
 ) -> None:
     """A virtual environment with a package only it has (and, through a .pth file, this installation's Ray and
     ipykernel): the workspace's default kernel runs in it and is a driver of the cluster. It lives in the
-    repository's test-artifacts/, which a sandboxed node can read (raypod's home and /tmp it cannot)."""
-    env = BROWSER_ARTIFACTS / "kernel-env"
+    cluster's shared directory, which a sandboxed node can read (raypod's home and the rest of /tmp it cannot)."""
+    env = Path(f"/tmp/rp-{cluster.uid[:10]}") / "shared" / "kernel-env"
     shutil.rmtree(env, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
     site = Path(sysconfig.get_path("purelib", vars={"base": str(env), "platbase": str(env)}))
