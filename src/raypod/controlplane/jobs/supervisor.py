@@ -124,7 +124,7 @@ class JobSupervisor(Periodic):
         current.status = retry.PREEMPTED
         resubmitted = job.submitted_via is state.SubmittedVia.RAYPOD
         then = "it is submitted again when the cluster is admitted" if resubmitted else "it was not submitted by raypod"
-        current.message = f"its cluster was {view.queue_reason}; {then}"[:500]
+        current.message = f"its cluster was queued again ({view.queue_reason}); {then}"[:500]
         status = state.JobStatus.RETRYING if resubmitted else state.JobStatus.FAILED
         self.jobs.records.save(
             job.model_copy(update={"status": status, "next_attempt_at": store.now() if resubmitted else None})
