@@ -249,14 +249,17 @@ def test_a_head_restart_restarts_the_workspace_node_and_a_new_kernels_ray_init_c
         started = time.time()
         api.clusters.replace_node("lab", "head")
 
-        def restarted() -> bool:
+        def since(reason: str) -> bool:
             return any(
-                e.reason == "RestartedWithHead" and e.node == "space-nb" and e.time.timestamp() >= started
+                e.reason == reason and e.node == "space-nb" and e.time.timestamp() >= started
                 for e in api.clusters.events("lab", limit=500)
             )
 
-        wait_until(restarted, "the workspace node restarted with the head", 180)
+        wait_until(lambda: since("RestartedWithHead"), "the workspace node restarted with the head", 180)
+        wait_until(lambda: since("NodeStarted"), "the workspace node started again", 180)
         api.spaces.wait_ready(SPACE, timeout=240)
+        # The state is read from the last observation: the restarted IDE itself says when it answers.
+        wait_until(lambda: http.get(f"/spaces/default/{SPACE}/api/status").status_code == 200, "the IDE", 120)
     with kernel(server, http) as notebook:
         output = notebook.run(
             "import ray\nray.init(address='auto')\n"
