@@ -103,13 +103,16 @@ def ms(values: list[float]) -> float:
     return round(statistics.median(values) * 1000, 1) if values else float("nan")
 
 
-def document_qa(endpoint: Endpoint, vocab: int, docs: int, max_tokens: int) -> tuple[dict[str, Any], bool]:
+def document_qa(
+    endpoint: Endpoint, vocab: int, docs: int, max_tokens: int, sizes: tuple[int, ...] = SIZES
+) -> tuple[dict[str, Any], bool]:
     rng = random.Random(0)
     figures: dict[str, Any] = {}
     identical = True
-    for size in SIZES:
+    for size in sizes:
         samples: dict[str, list[float]] = {"recompute": [], "l1": [], "l2": []}
         engine: dict[str, list[float]] = {"l1": [], "l2": []}  # the replica's own TTFT: the rest is the path
+        lookup: dict[str, list[float]] = {"l1": [], "l2": []}  # of which reading the prefix from the tier
         for _ in range(docs):
             prompt = [rng.randrange(3, vocab) for _ in range(size + QUESTION_TOKENS)]
             seconds, expected, _ = endpoint.ttft(prompt, max_tokens, cache=False)
@@ -125,6 +128,11 @@ def document_qa(endpoint: Endpoint, vocab: int, docs: int, max_tokens: int) -> t
                 if tier in samples and trace.get("cached_tokens", 0) >= size:
                     samples[tier].append(seconds)
                     engine[tier].append(trace.get("engine_ttft_ms", 0) / 1000)
+                    lookup[tier].append(trace.get("lookup_ms", 0) / 1000)
+                    if tier == "l2":
+                        print(f"  l2 hit: {seconds * 1000:.0f} ms, lookup parts {trace.get('lookup_parts_ms')}")
+                    if trace.get("queued_writes"):
+                        print(f"  {tier} hit with {trace['queued_writes']} writes still queued", flush=True)
                 nodes_seen.add(trace.get("node"))
                 if len(nodes_seen) == 2 and samples["l1"]:
                     break
@@ -132,7 +140,8 @@ def document_qa(endpoint: Endpoint, vocab: int, docs: int, max_tokens: int) -> t
         print(
             f"{size} tokens: recompute {ms(samples['recompute'])} ms, L1 {ms(samples['l1'])} ms "
             f"({len(samples['l1'])}), L2 {ms(samples['l2'])} ms ({len(samples['l2'])}); in the replica: "
-            f"L1 {ms(engine['l1'])} ms, L2 {ms(engine['l2'])} ms",
+            f"L1 {ms(engine['l1'])} ms (lookup {ms(lookup['l1'])}), "
+            f"L2 {ms(engine['l2'])} ms (lookup {ms(lookup['l2'])})",
             flush=True,
         )
     return figures, identical
@@ -224,6 +233,9 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=3, help="Documents per prefix size.")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument(
+        "--sizes", default=",".join(map(str, SIZES)), help="Prefix sizes to measure (a diagnosis; the goals need all)."
+    )
     args = parser.parse_args()
     from raypod.serving.testing import build_llama
 
@@ -262,7 +274,9 @@ def main() -> None:
                     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
                     endpoint.ttft(list(range(3, 40)), 2)  # both processes warm: first calls pay for lazy imports
                     endpoint.ttft(list(range(3, 40)), 2)
-                    docs, identical = document_qa(endpoint, vocab, args.docs, args.max_tokens)
+                    docs, identical = document_qa(
+                        endpoint, vocab, args.docs, args.max_tokens, tuple(int(n) for n in args.sizes.split(","))
+                    )
                     chat_figures = chat(endpoint, args.turns)
                     cached_rate = throughput(endpoint, vocab, 4, cache=True)
                     plain_rate = throughput(endpoint, vocab, 4, cache=False)
@@ -273,7 +287,7 @@ def main() -> None:
         shutil.rmtree(model_dir.parent, ignore_errors=True)
 
     def p50(size: int, tier: str) -> float:
-        return ms(docs[size][tier])
+        return ms(docs.get(size, {}).get(tier, []))
 
     result = {
         "ttft_recompute_1k_ms": p50(1024, "recompute"),

@@ -884,6 +884,7 @@ class JobSpec(BaseModel):
 # -- serving -------------------------------------------------------------------------------------------------
 
 MAX_SERVE_REPLICAS = 64
+DEFAULT_RESERVE_TOKENS = 8192
 
 
 class ServeDeploySpec(_Strict):
@@ -904,6 +905,20 @@ class ServeDeploySpec(_Strict):
     )
     l2_bytes: ByteSize = Field(2 * 2**30, description="Memory of the Redis raypod runs for L2.")
     chunk_tokens: int = Field(256, ge=16, le=8192)
+    reserve_tokens: int | None = Field(
+        None,
+        ge=0,
+        le=1_048_576,
+        description=(
+            "Tokens of keys and values each replica of the CPU engine allocates when it starts (its working pool, "
+            "and its L2 read buffer): the first long prompt then finds them ready. Default: the model's context, "
+            "up to 8192; 0: grow on demand."
+        ),
+    )
+
+    def reserved_tokens(self, max_context: int) -> int:
+        """What a replica reserves: never more than the model's context."""
+        return min(max_context, DEFAULT_RESERVE_TOKENS if self.reserve_tokens is None else self.reserve_tokens)
 
     @field_validator("name")
     @classmethod

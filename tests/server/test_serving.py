@@ -56,6 +56,7 @@ def test_a_deploy_is_refused_with_a_clear_message_before_it_reaches_the_cluster(
     assert unknown.status_code == 404 and "raypod model list" in unknown.json()["message"]
     too_big = client.post(url, json={"model": "tiny"}, headers=admin)
     assert too_big.status_code == 422 and "of memory per replica" in too_big.json()["message"]
+    assert "keys and values for 512 tokens" in too_big.json()["message"], "the context reserved at start counts"
     cpus = client.post(url, json={"model": "tiny", "cpus": 8}, headers=admin)
     assert cpus.status_code == 422 and "CPUs" in cpus.json()["message"]
     bad = client.post(url, json={"model": "tiny", "autoscale": [3, 1]}, headers=admin)

@@ -71,3 +71,22 @@ def test_a_prompt_over_the_context_is_refused_before_any_compute(engines: tuple[
         list(plain.generate(GenerationRequest(tokens_of(plain, 1020), max_tokens=10)))
     with pytest.raises(ValueError, match="empty"):
         list(plain.generate(GenerationRequest([], max_tokens=1)))
+
+
+def test_a_reserving_engine_reads_l2_into_memory_it_allocated_at_start(tiny_model: Path, redis_url: str) -> None:
+    def cache() -> KVCache:
+        return KVCache(KVCacheConfig(model_id="tiny-reserve", chunk_tokens=CHUNK, l1="off", l2_url=redis_url))
+
+    writer = Engine(tiny_model, "tiny", cache())
+    reader = Engine(tiny_model, "tiny", cache(), reserve_tokens=8 * CHUNK)
+    assert reader.pool.buffer.shape[4] == 8 * CHUNK
+    assert reader.cache is not None and reader.cache._staging is not None
+    reserved = reader.cache._staging.buffer
+    assert len(reserved) >= 8 * CHUNK * reader.pool.bytes_per_token
+    prompt = tokens_of(writer, 6 * CHUNK + 3, seed=5)
+    expected = answer(writer, prompt)
+    assert writer.cache is not None
+    writer.cache.flush()
+    assert answer(reader, prompt) == expected and reader.timings[-1].tiers.get("l2") == 6
+    assert reader.cache._staging is not None and reader.cache._staging.buffer is reserved, "nothing new allocated"
+    assert reader.pool.buffer.shape[4] == 8 * CHUNK

@@ -153,3 +153,73 @@ def test_config_refuses_nonsense() -> None:
         KVCacheConfig(model_id="m", chunk_tokens=3)
     with pytest.raises(ValueError, match="l1"):
         KVCacheConfig(model_id="m", l1="gpu")
+
+
+def test_l2_entries_put_their_arrays_at_aligned_offsets_and_older_entries_still_read() -> None:
+    array = np.arange(2 * 3 * 5, dtype=np.float32).reshape(2, 3, 5)
+    blob = kvcache.encode(array)
+    assert (len(blob) - array.nbytes) % kvcache.ALIGN == 0, "the payload starts at an aligned offset"
+    assert np.array_equal(kvcache.decode(blob), array)
+    import json
+    import struct
+
+    import xxhash
+
+    header = json.dumps({"dtype": "float32", "shape": [2, 3, 5], "xxh3": xxhash.xxh3_64_hexdigest(array.tobytes())})
+    unpadded = kvcache.MAGIC + struct.pack("<I", len(header)) + header.encode() + array.tobytes()
+    assert np.array_equal(kvcache.decode(unpadded), array), "entries written before the padding still read"
+
+
+def test_redis_reads_land_in_a_reused_buffer_and_survive_a_dropped_connection(redis_url: str) -> None:
+    import redis
+
+    recorder = Recorder()
+    writer, reader = make(l2_url=redis_url), make(l1="off", l2_url=redis_url, metric=recorder)
+    tokens = list(range(700, 700 + 3 * CHUNK + 1))
+    layers = fake_layers(len(tokens))
+    writer.store(tokens, layers)
+    writer.flush()
+    first = reader.lookup(tokens)
+    assert first.tiers == {"l2": 3}
+    buffer = first.staging.buffer if first.staging is not None else None
+    reader.promote(first)
+    redis.Redis.from_url(redis_url).client_kill_filter(_type="normal", skipme=True)  # the reader's idle connection
+    again = reader.lookup(tokens)
+    assert again.tiers == {"l2": 3}, "a connection Redis closed is opened again, without a failure"
+    assert again.staging is not None and again.staging.buffer is buffer, "the buffer of the last lookup is reused"
+    assert np.array_equal(again.layers()[1][1].numpy(), layers[1][1][:, :, : 3 * CHUNK].numpy())
+    assert "kv_cache_l2_errors,operation=read" not in recorder.seen
+
+
+def test_a_prefix_promoted_in_the_background_is_not_overwritten_by_the_next_read(redis_url: str) -> None:
+    """The writer still copies the first prefix into L1 when the next lookup reads: that one gets its own buffer."""
+    import threading
+
+    class GatedL1(kvcache.ProcessL1):
+        def __init__(self) -> None:
+            super().__init__(2**26)
+            self.gate = threading.Event()
+
+        def put(self, key: str, array: np.ndarray) -> None:
+            self.gate.wait(10)
+            super().put(key, array)
+
+    writer = make(l2_url=redis_url)
+    config = KVCacheConfig(model_id="m", chunk_tokens=CHUNK, l2_url=redis_url)
+    l1 = GatedL1()
+    reader = KVCache(config, l1=l1)
+    one, two = list(range(900, 900 + 2 * CHUNK + 1)), list(range(950, 950 + 2 * CHUNK + 1))
+    layers_one, layers_two = fake_layers(len(one), seed=3), fake_layers(len(two), seed=4)
+    writer.store(one, layers_one)
+    writer.store(two, layers_two)
+    writer.flush()
+    first = reader.lookup(one)
+    reader.promote(first)  # queued; the writer waits at the gate
+    second = reader.lookup(two)
+    assert second.tiers["l2"] == 2 and second.staging is not first.staging
+    l1.gate.set()
+    reader.promote(second)
+    reader.flush()
+    promoted = reader.lookup(one)
+    assert promoted.tiers == {"l1": 2}
+    assert np.array_equal(promoted.layers()[0][0].numpy(), layers_one[0][0][:, :, : 2 * CHUNK].numpy())

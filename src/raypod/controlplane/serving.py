@@ -110,7 +110,13 @@ class ServingService:
                 f"cannot deploy: model {entry.id} is read from {local_path}, which the nodes of cluster {cluster} "
                 f"cannot read ({hidden}): add it from another directory, or from S3"
             )
-        settings = ServeSettings(entry=entry, kv_cache=spec.kv_cache, l1_bytes=l1_bytes, chunk_tokens=spec.chunk_tokens)
+        settings = ServeSettings(
+            entry=entry,
+            kv_cache=spec.kv_cache,
+            l1_bytes=l1_bytes,
+            chunk_tokens=spec.chunk_tokens,
+            reserve_tokens=spec.reserved_tokens(entry.max_context) if engine == "cpu" else 0,
+        )
         if spec.kv_cache and spec.l2 is None:
             settings.l2_url_file = self.clusters.backend.kv_store(view.uid, spec.l2_bytes)
         elif spec.kv_cache and spec.l2 != "none":
@@ -280,14 +286,20 @@ def _fit(cluster: spec_mod.ClusterSpec, entry: catalog.ModelEntry, spec: spec_mo
             f"a replica asks for {spec.cpus:g} CPUs; the largest node of cluster {cluster.name} has "
             f"{max(g.cpus for _, g in groups)} CPUs: ask for fewer (--cpus) or give a worker group more"
         )
-    fitting = [(name, g) for name, g in groups if g.cpus >= spec.cpus and g.memory >= entry.memory_bytes]
+    memory = replica_memory(entry, spec)
+    fitting = [(name, g) for name, g in groups if g.cpus >= spec.cpus and g.memory >= memory]
     if not fitting:
         largest = max(g.memory for _, g in groups)
+        reserved = (
+            f", and keys and values for {spec.reserved_tokens(entry.max_context)} tokens"
+            if memory > entry.memory_bytes
+            else ""
+        )
         raise errors.InvalidSpec(
-            f"model {entry.id} needs {spec_mod.format_bytes(entry.memory_bytes)} of memory per replica "
-            f"({entry.parameters / 1e6:.1f}M parameters in {entry.dtype}); the largest node of cluster "
-            f"{cluster.name} schedules {spec_mod.format_bytes(largest)}: give a worker group more `memory` or "
-            "deploy a smaller model"
+            f"model {entry.id} needs {spec_mod.format_bytes(memory)} of memory per replica "
+            f"({entry.parameters / 1e6:.1f}M parameters in {entry.dtype}{reserved}); the largest node of cluster "
+            f"{cluster.name} schedules {spec_mod.format_bytes(largest)}: give a worker group more `memory`, "
+            f"{'lower reserve_tokens, ' if reserved else ''}or deploy a smaller model"
         )
     with_gpus = [g for _, g in fitting if g.gpus > 0]
     engine = spec.engine if spec.engine != "auto" else ("vllm" if with_gpus else "cpu")
@@ -303,9 +315,18 @@ def _fit(cluster: spec_mod.ClusterSpec, entry: catalog.ModelEntry, spec: spec_mo
     return engine, l1_bytes
 
 
+def replica_memory(entry: catalog.ModelEntry, spec: spec_mod.ServeDeploySpec) -> int:
+    """The model's memory, plus what the CPU engine reserves at start: its pool of keys and values, and as much
+    again to read a prefix from L2 into."""
+    if spec.engine == "vllm":
+        return entry.memory_bytes
+    copies = 2 if spec.kv_cache and spec.l2 != "none" else 1
+    return entry.memory_bytes + copies * entry.kv_bytes_per_token * spec.reserved_tokens(entry.max_context)
+
+
 def _options(spec: spec_mod.ServeDeploySpec, entry: catalog.ModelEntry) -> dict[str, Any]:
     options: dict[str, Any] = {
-        "ray_actor_options": {"num_cpus": spec.cpus, "memory": entry.memory_bytes},
+        "ray_actor_options": {"num_cpus": spec.cpus, "memory": replica_memory(entry, spec)},
         # The CPU engine answers one request at a time: more queued at one replica would wait while others idle.
         "max_ongoing_requests": 2,
     }

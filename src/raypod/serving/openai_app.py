@@ -123,7 +123,14 @@ class OpenAIServer:
                 ),
                 metric=_ray_metric(entry.id),
             )
-        self.engine = Engine(Path(path), entry.id, cache, dtype=entry.dtype, threads=self.settings.threads)
+        self.engine = Engine(
+            Path(path),
+            entry.id,
+            cache,
+            dtype=entry.dtype,
+            threads=self.settings.threads,
+            reserve_tokens=self.settings.reserve_tokens,
+        )
         self._ttft = _ray_histogram(entry.id)
 
     def _l2_url(self) -> str | None:
@@ -182,6 +189,7 @@ class OpenAIServer:
             "engine_ttft_ms": round(timing.ttft_s * 1000, 1) if timing else None,
             "lookup_ms": round(timing.lookup_s * 1000, 1) if timing else None,
             "queued_writes": timing.queued_writes if timing else 0,
+            "lookup_parts_ms": {k: round(v * 1000, 1) for k, v in timing.lookup_parts_s.items()} if timing else {},
         }
 
     def _check_model(self, model: str) -> None:

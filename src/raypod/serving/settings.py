@@ -18,6 +18,7 @@ class ServeSettings(BaseModel):
     l2_url_file: str | None = Field(None, description="A file on the nodes holding the L2 URL (it has a password).")
     chunk_tokens: int = 256
     threads: int = 0
+    reserve_tokens: int = 0
 
 
 class DeployRequest(BaseModel):
