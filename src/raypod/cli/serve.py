@@ -34,6 +34,10 @@ def deploy(
     l2: Annotated[
         str | None, typer.Option(help="Shared tier: redis://... or an fsspec URL; 'none'; default: raypod's Redis.")
     ] = None,
+    reserve_tokens: Annotated[
+        int | None,
+        typer.Option(help="Tokens of keys and values a CPU replica allocates at start (default: context, <= 8192)."),
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait until it serves.")] = True,
     fmt: OutputOpt = Format.TABLE,
 ) -> None:
@@ -49,6 +53,7 @@ def deploy(
             kv_cache=kv_cache,
             l1_bytes=spec_mod.parse_bytes(l1) if l1 else None,
             l2=l2,
+            reserve_tokens=reserve_tokens,
         )
     except ValueError as exc:
         raise errors.InvalidSpec(str(exc)) from None

@@ -27,6 +27,15 @@ RESOURCES = {
         "categories": [],
         "subresources": ["status"],
     },
+    "v1/secrets": {
+        "namespaced": True,
+        "kind": "Secret",
+        "singular": "secret",
+        "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+        "shortnames": [],
+        "categories": [],
+        "subresources": [],
+    },
     "ray.io/v1/rayclusters": {
         "namespaced": True,
         "kind": "RayCluster",

@@ -4,6 +4,7 @@ outage, 409, 410, a missing CRD, RBAC) gives a clear message and loses no desire
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from kubernetes.client.exceptions import ApiException
 
 from raypod import config, errors, state
 from raypod import spec as spec_mod
@@ -278,6 +280,47 @@ def test_deleting_a_cluster_deletes_its_raycluster_and_releases_it_once_the_pods
     until(reconciler, lambda: not db.list(), "the cluster is released")
 
 
+def test_each_cluster_runs_with_a_ray_token_of_its_own_which_raypod_presents_and_deletes_with_it(
+    db: store.Store, emulator: Emulator, backend: kuberay.KubeRayBackend
+) -> None:
+    uid, reconciler = ready_cluster(db, emulator, backend)
+    [applied] = emulator.rayclusters()
+    auth = applied["spec"]["authOptions"]
+    assert auth["mode"] == "token", "KubeRay sets RAY_AUTH_MODE=token and the token in every Ray container"
+    secret = emulator.core.read_namespaced_secret(auth["secretName"], "default")
+    token = base64.b64decode(secret.data["auth_token"]).decode()
+    assert len(token) >= 32 and secret.metadata.labels[kuberay.UID_LABEL] == uid
+    assert backend.dashboard_headers(uid)["X-Ray-Authorization"] == f"Bearer {token}"
+    restarted = kuberay.KubeRayBackend(emulator.api, request_timeout_s=2.0)
+    try:
+        assert restarted.clusters.wait_synced(10)
+        assert restarted.dashboard_headers(uid)["X-Ray-Authorization"] == f"Bearer {token}", "never rotated"
+    finally:
+        restarted.close()
+    db.mark_deleting(uid)
+    until(reconciler, lambda: not emulator.rayclusters(), "the RayCluster is deleted")
+    with pytest.raises(ApiException) as gone:
+        emulator.core.read_namespaced_secret(auth["secretName"], "default")
+    assert gone.value.status == 404, "the token goes with its cluster"
+
+
+def test_a_token_secret_raypod_did_not_make_is_neither_used_nor_deleted(
+    db: store.Store, emulator: Emulator, backend: kuberay.KubeRayBackend
+) -> None:
+    name = manifests.auth_secret_name(SPEC.name)
+    foreign = {"metadata": {"name": name}, "data": {"auth_token": base64.b64encode(b"someone-elses").decode()}}
+    emulator.core.create_namespaced_secret("default", foreign)
+    uid = db.insert(SPEC).uid
+    reconciler = loop.Reconciler(db, backend)
+    until(reconciler, lambda: "FailedToApply" in reasons(db), "a failure is recorded")
+    message = next(e.message for e in db.events("default", "demo") if e.reason == "FailedToApply")
+    assert f"a Secret {name}" in message and "did not create" in message, message
+    assert not emulator.rayclusters(), "nothing was applied with a token raypod does not own"
+    db.mark_deleting(uid)
+    until(reconciler, lambda: not db.list(), "the cluster is released")
+    assert emulator.core.read_namespaced_secret(name, "default").data["auth_token"], "the foreign Secret stays"
+
+
 def test_merge_patch_turns_one_document_into_another() -> None:
     current = {"a": 1, "b": {"c": 2, "d": 3}, "e": [1, 2]}
     desired = {"a": 1, "b": {"c": 5}, "e": [2], "f": "new"}
@@ -328,7 +371,8 @@ def test_a_job_as_a_rayjob_through_the_api_is_followed_to_its_end(
         [rayjob] = emulator.custom.list_namespaced_custom_object("ray.io", "v1", "default", "rayjobs")["items"]
         assert rayjob["metadata"]["name"] == job["id"]
         assert rayjob["spec"]["backoffLimit"] == 3 and rayjob["spec"]["shutdownAfterJobFinishes"] is True
-        assert rayjob["spec"]["rayClusterSpec"] == manifests.raycluster(SPEC)["spec"]
+        shaped = {**manifests.raycluster(SPEC)["spec"], "authOptions": {"mode": "token"}}
+        assert rayjob["spec"]["rayClusterSpec"] == shaped, "shaped as the named cluster, with a token of its own"
 
         def status_of() -> str:
             return str(api.get(f"/api/v1/jobs/{job['id']}").json()["status"])

@@ -119,5 +119,8 @@ def test_a_rayjob_validates_against_kuberay_1_7(
     assert manifests.unknown_fields(manifest["spec"], rayjob_schema["properties"]["spec"]) == []
     assert manifest["spec"]["backoffLimit"] == 2
     assert manifest["spec"]["shutdownAfterJobFinishes"] is shutdown
-    assert manifest["spec"]["rayClusterSpec"] == manifests.raycluster(spec)["spec"]
+    assert manifest["spec"]["rayClusterSpec"] == {
+        **manifests.raycluster(spec)["spec"],
+        "authOptions": {"mode": "token"},
+    }
     assert yaml.safe_load(manifest["spec"]["runtimeEnvYAML"]) == {"pip": ["requests"], "env_vars": {"A": "1"}}

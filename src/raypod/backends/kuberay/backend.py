@@ -8,11 +8,13 @@ KubeRay recreates. It never starts a pod itself: ``create_node`` is KubeRay's jo
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import json
 import logging
 import os
+import secrets
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -45,6 +47,7 @@ RBAC_RULES = (
     {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list", "watch", "create", "patch", "delete"]},
     {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "delete"]},
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "delete"]},  # each cluster's Ray token
 )
 # Cluster-scoped, so always in a ClusterRole: reading KubeRay's installed CRD tells which spec fields it serves.
 CRD_RULE = {
@@ -85,6 +88,7 @@ class KubeRayBackend:
         self._known: dict[str, Key] = {}  # cluster uid -> (namespace, name)
         self._last: dict[str, state.ObservedCluster] = {}
         self._schema: dict[str, Any] | None = None
+        self._ray_tokens: dict[str, str] = {}  # cluster uid -> its Ray token (from its Secret)
         self._listener: Callable[[str], None] = lambda cluster_id: None
         self.clusters = Informer(
             PLURAL,
@@ -160,6 +164,7 @@ class KubeRayBackend:
         if deleting:
             if current is not None and not current["metadata"].get("deletionTimestamp"):
                 self._call(f"delete RayCluster {spec.namespace}/{spec.name}", self._delete_raycluster, *where)
+            self._delete_ray_token(cluster_id, where)
             return
         desired = rendered(cluster_id, spec, kueue=self.kueue)
         schema = self._installed_schema()
@@ -169,6 +174,7 @@ class KubeRayBackend:
                 f"the installed KubeRay does not serve spec field {unknown[0]} (its CRD lacks it; the API server would "
                 "drop it): upgrade the KubeRay operator, or leave the field out"
             )
+        self._ray_token(cluster_id, where)  # the Secret first: KubeRay's pods cannot start without it
         digest = desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
         if current is None:
             self._call(
@@ -294,15 +300,25 @@ class KubeRayBackend:
             self._last.pop(cluster_id, None)
         if where is not None and self.clusters.get(*where) is not None:
             self._call(f"delete RayCluster {where[0]}/{where[1]}", self._delete_raycluster, *where)
+        if where is not None:
+            self._delete_ray_token(cluster_id, where)
 
     def dashboard_headers(self, cluster_id: str) -> dict[str, str]:
-        """Outside the cluster the dashboard is reached through the API server's service proxy, as raypod."""
+        """The cluster's Ray token in ``X-Ray-Authorization`` (Ray's header for requests through a proxy), and,
+        outside the cluster, where the dashboard is reached through the API server's service proxy, raypod's
+        Kubernetes credentials in ``Authorization``.
+
+        Raises TransientError (the token's Secret cannot be read yet), PermanentError."""
+        where = self._known.get(cluster_id) or self._find(cluster_id)
+        headers = {"X-Ray-Authorization": f"Bearer {self._ray_token(cluster_id, where)}"} if where else {}
         if self._in_cluster:
-            return {}
+            return headers
         token = self._api.configuration.api_key.get("authorization") or self._api.configuration.api_key.get(
             "BearerToken"
         )
-        return {"Authorization": token if token and token.startswith("Bearer ") else f"Bearer {token}"} if token else {}
+        if token:
+            headers["Authorization"] = token if token.startswith("Bearer ") else f"Bearer {token}"
+        return headers
 
     def job_api(self, cluster_id: str, dashboard_url: str) -> ray_jobs.RayJobApi:
         import httpx
@@ -380,6 +396,68 @@ class KubeRayBackend:
                 log.warning("%s; spec fields are not checked against it", api_errors.explain(exc, "read KubeRay's CRD"))
                 self._schema = {}
         return self._schema or None
+
+    def _ray_token(self, cluster_id: str, where: Key) -> str:
+        """The cluster's Ray token: read from its Secret, which is created with a new token when missing. A Secret
+        of that name that raypod did not make for this cluster is never used."""
+        with self._lock:
+            token = self._ray_tokens.get(cluster_id)
+        if token is not None:
+            return token
+        namespace, name = where[0], manifests.auth_secret_name(where[1])
+        secret = self._read_secret(namespace, name)
+        if secret is None:
+            token = secrets.token_urlsafe(32)
+            body = client.V1Secret(
+                metadata=client.V1ObjectMeta(
+                    name=name,
+                    namespace=namespace,
+                    labels={"app.kubernetes.io/managed-by": "raypod", UID_LABEL: cluster_id},
+                ),
+                type="Opaque",
+                data={"auth_token": base64.b64encode(token.encode()).decode()},
+            )
+            try:
+                self._core.create_namespaced_secret(namespace, body, _request_timeout=self._timeout)
+            except Exception as exc:  # 409 too: made meanwhile, and read next time
+                raise api_errors.to_raypod(exc, f"create Secret {namespace}/{name}") from None
+        else:
+            data = secret.data or {}
+            if not _is_ours(secret, cluster_id) or "auth_token" not in data:
+                raise errors.PermanentError(
+                    f"a Secret {name} in namespace {namespace} exists that raypod did not create for this cluster; "
+                    "delete it or choose another cluster name"
+                )
+            token = base64.b64decode(data["auth_token"]).decode()
+        with self._lock:
+            self._ray_tokens[cluster_id] = token
+        return token
+
+    def _delete_ray_token(self, cluster_id: str, where: Key) -> None:
+        """Delete the cluster's token Secret, if it is the one raypod made for it."""
+        with self._lock:
+            self._ray_tokens.pop(cluster_id, None)
+        namespace, name = where[0], manifests.auth_secret_name(where[1])
+        secret = self._read_secret(namespace, name)
+        if secret is not None and _is_ours(secret, cluster_id):
+            self._call(
+                f"delete Secret {namespace}/{name}",
+                self._core.delete_namespaced_secret,
+                name,
+                namespace,
+                _request_timeout=self._timeout,
+            )
+
+    def _read_secret(self, namespace: str, name: str) -> client.V1Secret | None:
+        """None where there is none. Raises TransientError, PermanentError."""
+        try:
+            return self._core.read_namespaced_secret(name, namespace, _request_timeout=self._timeout)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise api_errors.to_raypod(exc, f"read Secret {namespace}/{name}") from None
+        except Exception as exc:
+            raise api_errors.to_raypod(exc, f"read Secret {namespace}/{name}") from None
 
     def _delete_raycluster(self, namespace: str, name: str) -> None:
         self._custom.delete_namespaced_custom_object(
@@ -461,6 +539,11 @@ def rendered(cluster_id: str, spec: spec_mod.ClusterSpec, *, kueue: bool = False
     manifest["metadata"]["labels"][UID_LABEL] = cluster_id
     manifest["metadata"].setdefault("annotations", {})[SPEC_HASH_ANNOTATION] = digest
     return manifest
+
+
+def _is_ours(secret: client.V1Secret, cluster_id: str) -> bool:
+    labels = (secret.metadata.labels if secret.metadata is not None else None) or {}
+    return bool(labels.get(UID_LABEL) == cluster_id)
 
 
 def merge_patch(current: Any, desired: Any) -> Any:

@@ -59,6 +59,9 @@ def raycluster(spec: spec_mod.ClusterSpec, *, kueue: bool = False) -> dict[str, 
             manifest["labels"] = dict(group.labels)
         if group.resources:
             manifest["resources"] = {name: f"{amount:g}" for name, amount in sorted(group.resources.items())}
+    # Ray's token authentication on every Ray port (KubeRay >= 1.5.1 sets RAY_AUTH_MODE and RAY_AUTH_TOKEN in each
+    # container). The Secret is raypod's own, so that its gateway can present the token.
+    body["authOptions"] = {"mode": "token", "secretName": auth_secret_name(spec.name)}
     if spec.gcs_fault_tolerance is not None:
         options: dict[str, Any] = {}
         # Without an address raypod runs the Redis (the local backend does; on Kubernetes see docs/resilience.md).
@@ -68,6 +71,11 @@ def raycluster(spec: spec_mod.ClusterSpec, *, kueue: bool = False) -> dict[str, 
             options["externalStorageNamespace"] = spec.gcs_fault_tolerance.external_storage_namespace
         body["gcsFaultToleranceOptions"] = options
     return {"apiVersion": API_VERSION, "kind": "RayCluster", "metadata": metadata, "spec": body}
+
+
+def auth_secret_name(cluster: str) -> str:
+    """The Secret (key ``auth_token``, as KubeRay reads it) holding a cluster's Ray token."""
+    return f"{cluster}-raypod-ray-token"
 
 
 def _ray_start_params(group: spec_mod.NodeGroupSpec, *, is_head: bool) -> dict[str, str]:
@@ -120,7 +128,14 @@ def _pod_template(
 _KNOWN = {
     "": {"apiVersion", "kind", "metadata", "spec"},
     "metadata": {"name", "namespace", "labels", "annotations"},
-    "spec": {"rayVersion", "enableInTreeAutoscaling", "headGroupSpec", "workerGroupSpecs", "gcsFaultToleranceOptions"},
+    "spec": {
+        "rayVersion",
+        "enableInTreeAutoscaling",
+        "headGroupSpec",
+        "workerGroupSpecs",
+        "gcsFaultToleranceOptions",
+        "authOptions",
+    },
     "group": {
         "groupName",
         "replicas",
@@ -212,6 +227,8 @@ def spec_from_raycluster(manifest: Any) -> spec_mod.ClusterSpec:
                 **_group(group, where),
             }
         )
+    if _mapping(body.get("authOptions", {"mode": "token"}), "spec.authOptions").get("mode") != "token":
+        raise errors.InvalidSpec("spec.authOptions.mode: raypod's clusters always use Ray's token authentication")
     if "gcsFaultToleranceOptions" in body:
         options = _mapping(body["gcsFaultToleranceOptions"], "spec.gcsFaultToleranceOptions")
         data["gcs_fault_tolerance"] = {
@@ -328,6 +345,8 @@ def rayjob(
     submits the entrypoint, retries a failed job ``backoffLimit`` times (each on a new cluster) and, with
     ``shutdownAfterJobFinishes``, deletes the cluster when the job ends."""
     cluster = raycluster(spec, kueue=kueue)
+    # Its own token, which KubeRay makes and hands to the submitter: raypod never calls this cluster itself.
+    cluster["spec"]["authOptions"] = {"mode": "token"}
     body: dict[str, Any] = {
         "entrypoint": entrypoint,
         "rayClusterSpec": cluster["spec"],
