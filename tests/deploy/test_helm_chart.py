@@ -66,9 +66,9 @@ def test_every_rendered_object_is_a_valid_kubernetes_object(values: dict[str, An
 def test_rbac_grants_exactly_what_the_backend_uses() -> None:
     for values in VARIANTS.values():
         roles = [d for d in render(values) if d["kind"] in ("ClusterRole", "Role")]
-        crd_readers = [r for r in roles if r["metadata"]["name"].endswith("-crd-reader")]
-        assert [r["rules"] for r in crd_readers] == [[kuberay.CRD_RULE]]
-        others = [r for r in roles if r not in crd_readers]
+        cluster_scoped = [r for r in roles if r["metadata"]["name"].endswith("-cluster")]
+        assert [r["rules"] for r in cluster_scoped] == [[kuberay.CRD_RULE, kuberay.NODE_RULE]]
+        others = [r for r in roles if r not in cluster_scoped]
         assert others
         for role in others:
             assert role["rules"] == list(kuberay.RBAC_RULES)

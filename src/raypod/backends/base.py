@@ -30,6 +30,7 @@ class Feature(StrEnum):
     CHANGE_EVENTS = "change-events"
     NODE_COMMANDS = "node-commands"  # run_on_node works: user health checks
     SPACES = "spaces"  # workspace nodes with their IDE
+    HANGWATCH = "hangwatch"  # the hang detection agent runs on the nodes
 
 
 @dataclass(frozen=True)
@@ -137,3 +138,33 @@ class RayJobRunner(Protocol):
         ...
 
     def delete_rayjob(self, namespace: str, name: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    """A RayService's application as KubeRay reports it."""
+
+    status: str  # Serve's application status (DEPLOYING, RUNNING, DEPLOY_FAILED, UNHEALTHY, ...)
+    message: str
+    deployments: dict[str, str]  # Serve deployment -> its status
+
+
+@runtime_checkable
+class ServiceRunner(Protocol):
+    """A backend that serves each model deployment as its own KubeRay ``RayService``."""
+
+    kueue: bool
+
+    def apply_rayservice(self, cluster_id: str, manifest: dict[str, Any]) -> None:
+        """Create the RayService, or update it when it differs (KubeRay then upgrades without downtime)."""
+        ...
+
+    def rayservice_state(self, namespace: str, name: str) -> ServiceState | None:
+        """None while the backend has not seen it."""
+        ...
+
+    def delete_rayservice(self, namespace: str, name: str) -> None: ...
+
+    def serve_endpoints(self, cluster_id: str) -> dict[str, str]:
+        """Application name -> base URL of its RayService's Serve proxy, for the cluster's deployments."""
+        ...

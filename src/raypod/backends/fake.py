@@ -25,7 +25,7 @@ class FakeBackend:
         self,
         capacity: base.HostCapacity | None = None,
         features: frozenset[base.Feature] = frozenset(
-            {base.Feature.DRAIN, base.Feature.NODE_COMMANDS, base.Feature.SPACES}
+            {base.Feature.DRAIN, base.Feature.NODE_COMMANDS, base.Feature.SPACES, base.Feature.HANGWATCH}
         ),
     ) -> None:
         self.features = features

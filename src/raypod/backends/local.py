@@ -144,7 +144,13 @@ class LocalBackend:
         self._http = httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
         gpus = _count_gpus()
         self.features = frozenset(
-            {base.Feature.DRAIN, base.Feature.GCS_FAULT_TOLERANCE, base.Feature.NODE_COMMANDS, base.Feature.SPACES}
+            {
+                base.Feature.DRAIN,
+                base.Feature.GCS_FAULT_TOLERANCE,
+                base.Feature.NODE_COMMANDS,
+                base.Feature.SPACES,
+                base.Feature.HANGWATCH,
+            }
             | ({base.Feature.GPUS} if gpus else set())
         )
         self._gpus = gpus

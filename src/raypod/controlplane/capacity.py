@@ -21,6 +21,19 @@ def check_features(spec: spec_mod.ClusterSpec, features: frozenset[base.Feature]
         raise errors.InvalidSpec("spaces: workspaces are not available on this backend yet (docs/kubernetes.md)")
 
 
+NO_HANGWATCH = (
+    "hung-job detection does not run on this backend yet (no agent runs in KubeRay's pods; docs/kubernetes.md): "
+    "use Ray Train's own timeouts"
+)
+
+
+def check_hangwatch(features: frozenset[base.Feature], asked: bool = True) -> None:
+    """Raises InvalidSpec where hang detection was asked for (a job's --hang-* settings, the hangs of a cluster)
+    and the backend runs no agent: saying nothing would read as 'no hang'."""
+    if asked and base.Feature.HANGWATCH not in features:
+        raise errors.InvalidSpec(NO_HANGWATCH)
+
+
 def check_capacity(
     spec: spec_mod.ClusterSpec, others: Iterable[spec_mod.ClusterSpec], capacity: base.HostCapacity
 ) -> None:

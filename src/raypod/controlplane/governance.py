@@ -179,11 +179,8 @@ class GovernanceService:
         """Whether ``spec`` waits (is queued), and why; or, admitted at once, a note (``borrowed``). Raises
         QuotaExceeded where the team's policy rejects work beyond its quota."""
         self.check_priority(spec)
-        if not self.admits:
+        if not self.admits or self._nothing_limits():
             return False, ""
-        limited = self.store.quotas() or self.store.namespace_quotas()
-        if self.pool() is None and not limited and not self.store.any_queued():
-            return False, ""  # nothing limits it and nothing waits before it: no need to read every cluster
         with self._lock:
             views = self.store.list()
             teams = self._teams()
@@ -202,6 +199,8 @@ class GovernanceService:
         the team's (or namespace's) policy rejects work beyond its quota."""
         if view.queued or not self.admits:
             return None  # a queued cluster holds nothing: its new size waits with it
+        if self._nothing_limits():
+            return None
         with self._lock:
             # The request replaces the scale-up the cluster may already have waiting.
             views = [v.model_copy(update={"pending_spec": None}) if v.uid == view.uid else v for v in self.store.list()]
@@ -216,6 +215,12 @@ class GovernanceService:
         reason = decided.why_waiting(new.id)
         self._reject_if_policy(team, view.spec.namespace, reason, "; a running cluster keeps its size")
         return reason
+
+    def _nothing_limits(self) -> bool:
+        """No quota, no pool and nothing queued: any request fits at once, without reading every cluster (a
+        fleet's scale calls would otherwise each walk thousands of clusters)."""
+        limited = self.store.quotas() or self.store.namespace_quotas()
+        return self.pool() is None and not limited and not self.store.any_queued()
 
     def _decide_with(
         self, new: admission.Workload, views: builtins.list[state.ClusterView], teams: dict[str, str]

@@ -17,7 +17,8 @@ import sqlalchemy as sa
 
 from raypod import errors, state
 from raypod import spec as spec_mod
-from raypod.backends import ray_jobs
+from raypod.backends import base, ray_jobs
+from raypod.backends.kuberay import manifests
 from raypod.controlplane import identity, schema, service, store
 from raypod.controlplane.jobs.supervisor import INTERNAL_JOB
 from raypod.serving import catalog
@@ -25,6 +26,7 @@ from raypod.serving.deploy import encode
 from raypod.serving.settings import DeployRequest, ServeSettings
 
 LOG_TAIL_CHARS = 1500
+RAYSERVICE = "rayservice/"  # a deployment's deploy_job when a RayService runs it: "rayservice/<its name>"
 
 
 class ModelCatalog:
@@ -97,8 +99,9 @@ class ServingService:
         view = self.clusters.get(caller, namespace, cluster, identity.Verb.OPERATE)
         entry = self.models.get(spec.model)
         engine, l1_bytes = _fit(view.spec, entry, spec)
-        port = _port(view.status.endpoints.get("serve"))
-        api = self._api(view)
+        runner = self._runner()
+        port = 0 if runner else _port(view.status.endpoints.get("serve"))
+        api = None if runner else self._api(view)
         try:
             catalog.verify(entry)
         except catalog.CatalogError as exc:
@@ -125,7 +128,13 @@ class ServingService:
         request = DeployRequest(
             action="deploy", name=name, http_port=port, engine=engine, settings=settings, options=_options(spec, entry)
         )
-        submission = self._submit(api, request)
+        if runner is not None:
+            manifest = manifests.rayservice(view.spec, name, request.model_dump(mode="json"), kueue=runner.kueue)
+            runner.apply_rayservice(view.uid, manifest)
+            submission = RAYSERVICE + manifest["metadata"]["name"]
+        else:
+            assert api is not None
+            submission = self._submit(api, request)
         deployment = state.DeploymentView(
             name=name,
             namespace=namespace,
@@ -162,25 +171,36 @@ class ServingService:
         records = self._records(view.uid)
         if not records:  # no need to ask the dashboard (the console asks every few seconds)
             return []
-        serve = self._serve_status(view)
+        on_cluster = any(not r["deploy_job"].startswith(RAYSERVICE) for r in records)
+        serve = self._serve_status(view) if on_cluster else None
         return [self._observed(view, record, serve) for record in records]
 
     def get(self, caller: identity.Principal, namespace: str, cluster: str, name: str) -> state.DeploymentView:
         view = self.clusters.get(caller, namespace, cluster)
         for record in self._records(view.uid, name):
-            return self._observed(view, record, self._serve_status(view))
+            on_cluster = not record["deploy_job"].startswith(RAYSERVICE)
+            return self._observed(view, record, self._serve_status(view) if on_cluster else None)
         raise errors.NotFound(f"no model deployment '{name[:64]}' on cluster {namespace}/{cluster}")
 
     def delete(self, caller: identity.Principal, namespace: str, cluster: str, name: str) -> state.DeploymentView:
         deployment = self.get(caller, namespace, cluster, name)
         view = self.clusters.get(caller, namespace, cluster, identity.Verb.OPERATE)
-        self._submit(self._api(view), DeployRequest(action="delete", name=name))
+        runner = self._runner()
+        if deployment.deploy_job.startswith(RAYSERVICE) and runner is not None:
+            runner.delete_rayservice(namespace, deployment.deploy_job.removeprefix(RAYSERVICE))
+        else:
+            self._submit(self._api(view), DeployRequest(action="delete", name=name))
         table = schema.deployments
         with self.clusters.store.engine.begin() as connection:
             connection.execute(table.delete().where(table.c.cluster_uid == view.uid, table.c.name == name))
         return deployment.model_copy(update={"status": "DELETING"})
 
     # -- internals ---------------------------------------------------------------------------------------
+
+    def _runner(self) -> base.ServiceRunner | None:
+        """The backend, where it serves each deployment as its own RayService (Kubernetes)."""
+        backend = self.clusters.backend
+        return backend if isinstance(backend, base.ServiceRunner) else None
 
     def _api(self, view: state.ClusterView) -> ray_jobs.RayJobApi:
         url = view.status.endpoints.get("dashboard")
@@ -230,6 +250,8 @@ class ServingService:
             openai_base_url=f"/clusters/{record['namespace']}/{record['cluster']}/serve/{name}/v1",
             deploy_job=record["deploy_job"],
         )
+        if deployment.deploy_job.startswith(RAYSERVICE):
+            return self._from_rayservice(deployment)
         if serve is None:
             deployment.status, deployment.message = "UNKNOWN", "the cluster's dashboard does not answer"
             return deployment
@@ -257,6 +279,21 @@ class ServingService:
             failed = self._from_job(view, deployment)
             if failed.status == "DEPLOY_FAILED":
                 return failed
+        return deployment
+
+    def _from_rayservice(self, deployment: state.DeploymentView) -> state.DeploymentView:
+        """Serve's status of the application as KubeRay reports it on the RayService."""
+        runner = self._runner()
+        name = deployment.deploy_job.removeprefix(RAYSERVICE)
+        found = runner.rayservice_state(deployment.namespace, name) if runner is not None else None
+        if found is None:
+            deployment.status = "UNKNOWN"
+            deployment.message = f"RayService {deployment.namespace}/{name} is not visible to raypod (yet)"
+            return deployment
+        deployment.status, deployment.message = found.status, found.message[:LOG_TAIL_CHARS]
+        if not deployment.message and found.deployments:
+            healthy = sum(status == "HEALTHY" for status in found.deployments.values())
+            deployment.message = f"RayService {name}: {healthy} of {len(found.deployments)} deployments healthy"
         return deployment
 
     def _from_job(self, view: state.ClusterView, deployment: state.DeploymentView) -> state.DeploymentView:

@@ -13,7 +13,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -25,8 +25,9 @@ from starlette import routing as starlette_routing
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from raypod import errors
+from raypod import errors, state
 from raypod import spec as spec_mod
+from raypod.backends import base
 from raypod.capabilities.observability import metrics
 from raypod.controlplane import identity, service, spaces
 from raypod.server import auth
@@ -90,6 +91,7 @@ class Route:
     owner: str | None
     team: str | None
     serve: str | None = None
+    serve_apps: dict[str, str] = field(default_factory=dict)  # app -> its own Serve proxy (a RayService's)
 
 
 class RouteCache:
@@ -117,10 +119,17 @@ class RouteCache:
             owner=view.spec.owner,
             team=self.clusters.identities.namespace_team(namespace),
             serve=view.status.endpoints.get("serve") if not view.deleting else None,
+            serve_apps=_serve_apps(self.clusters.backend, view),
         )
         if route.dashboard:
             self._routes[(namespace, name)] = (time.monotonic(), route)
         return route
+
+
+def _serve_apps(backend: object, view: state.ClusterView) -> dict[str, str]:
+    if view.deleting or not isinstance(backend, base.ServiceRunner):
+        return {}
+    return backend.serve_endpoints(view.uid)
 
 
 def _check_names(namespace: str, name: str) -> None:
@@ -259,9 +268,11 @@ async def proxy(request: Request) -> Response:
     headers = _upstream_headers(request, route, f"/clusters/{namespace}/{name}", length)
     upstream_base, upstream_path = route.dashboard, path
     if serving:
-        if route.serve is None:
+        upstream_path = path[len(SERVE_PREFIX) :]
+        serve = route.serve_apps.get(upstream_path.split("/", 1)[0]) or route.serve
+        if serve is None:
             raise errors.Conflict(f"cluster {namespace}/{name} has no Serve endpoint")
-        upstream_base, upstream_path = route.serve, path[len(SERVE_PREFIX) :]
+        upstream_base = serve
         headers = [(k, v) for k, v in headers if k not in route.headers]  # the Ray token stays off Serve's path
     upstream_name = "Serve" if serving else "dashboard"
     url = f"{upstream_base}/{upstream_path}" + (f"?{request.url.query}" if request.url.query else "")

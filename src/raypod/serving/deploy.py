@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import sys
+from typing import Any
 
 from raypod.serving.settings import DeployRequest
 
@@ -27,8 +28,15 @@ def main(argv: list[str]) -> int:
         serve.delete(request.name)
         print(f"deleted Serve application {request.name}")
         return 0
-    assert request.settings is not None
     serve.start(http_options={"host": "127.0.0.1", "port": request.http_port}, proxy_location="HeadOnly")
+    serve.run(application(request), name=request.name, route_prefix=f"/{request.name}")
+    print(f"Serve application {request.name} is running")
+    return 0
+
+
+def application(request: DeployRequest) -> Any:
+    """The Serve application of a deploy request: raypod's CPU engine, or vLLM through Ray Serve LLM."""
+    assert request.settings is not None
     if request.engine == "vllm":
         from ray.serve.llm import LLMConfig, build_openai_app
 
@@ -42,14 +50,16 @@ def main(argv: list[str]) -> int:
             l2_url=request.settings.l2_url or _read(request.settings.l2_url_file),
             chunk_tokens=request.settings.chunk_tokens,
         )
-        app = build_openai_app({"llm_configs": [LLMConfig(**config)]})
-    else:
-        from raypod.serving import openai_app
+        return build_openai_app({"llm_configs": [LLMConfig(**config)]})
+    from raypod.serving import openai_app
 
-        app = openai_app.deployment(request.settings, request.options)
-    serve.run(app, name=request.name, route_prefix=f"/{request.name}")
-    print(f"Serve application {request.name} is running")
-    return 0
+    return openai_app.deployment(request.settings, request.options)
+
+
+def build(args: dict[str, Any]) -> Any:
+    """An application builder for a Serve config file (``import_path: raypod.serving.deploy:build``, ``args``: a
+    DeployRequest), as KubeRay's RayService runs it."""
+    return application(DeployRequest.model_validate(args))
 
 
 def _read(path: str | None) -> str | None:

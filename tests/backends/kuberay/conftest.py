@@ -36,6 +36,24 @@ RESOURCES = {
         "categories": [],
         "subresources": [],
     },
+    "v1/nodes": {
+        "namespaced": False,
+        "kind": "Node",
+        "singular": "node",
+        "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+        "shortnames": ["no"],
+        "categories": [],
+        "subresources": ["status"],
+    },
+    "ray.io/v1/rayservices": {
+        "namespaced": True,
+        "kind": "RayService",
+        "singular": "rayservice",
+        "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+        "shortnames": [],
+        "categories": [],
+        "subresources": ["status"],
+    },
     "ray.io/v1/rayclusters": {
         "namespaced": True,
         "kind": "RayCluster",
@@ -125,8 +143,10 @@ class Emulator:
     def pods(self, namespace: str = "default") -> list[Any]:
         return list(self.core.list_namespaced_pod(namespace).items)
 
-    def start_pod(self, namespace: str, cluster: str, group: str, name: str, *, head: bool = False) -> None:
-        """What KubeRay does for a replica: a pod labelled as its, Pending."""
+    def start_pod(
+        self, namespace: str, cluster: str, group: str, name: str, *, head: bool = False, node: str = "k8s-node-1"
+    ) -> None:
+        """What KubeRay does for a replica: a pod labelled as its, Pending, scheduled on Kubernetes node ``node``."""
         labels = {
             "ray.io/cluster": cluster,
             "ray.io/group": "headgroup" if head else group,
@@ -143,7 +163,7 @@ class Emulator:
                 "uid": f"uid-{name}",
                 "creationTimestamp": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
             },
-            "spec": {"containers": [{"name": "ray", "image": "rayproject/ray"}]},
+            "spec": {"containers": [{"name": "ray", "image": "rayproject/ray"}], "nodeName": node},
             "status": {"phase": "Pending"},
         }
         self.core.create_namespaced_pod(namespace, body)

@@ -386,3 +386,128 @@ def test_a_job_as_a_rayjob_through_the_api_is_followed_to_its_end(
                 time.sleep(0.05)
             assert status_of() == raypod_says
         assert "kubectl -n default logs job/" in api.get(f"/api/v1/jobs/{job['id']}/logs").json()["logs"]
+
+
+def test_a_model_deployment_is_a_rayservice_followed_to_running_and_routed_by_the_gateway(
+    tmp_path: Path, emulator: Emulator, backend: kuberay.KubeRayBackend
+) -> None:
+    import fsspec
+
+    from raypod.serving.testing import build_llama
+
+    model = build_llama(tmp_path / "tiny", "tiny", max_context=512)
+    fs = fsspec.filesystem("memory")  # object storage the pods could read: local directories are refused here
+    for path in model.iterdir():
+        fs.pipe_file(f"/models/tiny/{path.name}", path.read_bytes())
+    settings = config.Settings(home=tmp_path / "home", reconcile_interval_s=0.05, tls=False)
+    with TestClient(create_app(settings, backend=backend), raise_server_exceptions=False) as api:
+        token = json.loads((tmp_path / "home" / "credentials").read_text())["token"]
+        api.headers["Authorization"] = f"Bearer {token}"
+        api.post("/api/v1/models", json={"id": "tiny", "source": "memory://models/tiny"}).raise_for_status()
+        spec = {**SPEC.model_dump(mode="json"), "head": {"cpus": 1, "memory": "2Gi"}}
+        api.post("/api/v1/clusters", json=spec).raise_for_status()
+        url = "/api/v1/namespaces/default/clusters/demo/deployments"
+        managed = api.post(url, json={"model": "tiny", "name": "chat"})  # raypod's own Redis as L2
+        assert managed.status_code == 422 and "give the KV cache an L2 address" in managed.json()["message"]
+        deployed = api.post(url, json={"model": "tiny", "name": "chat", "replicas": 2, "l2": "redis://kv:6379/0"})
+        assert deployed.status_code in (200, 201, 202), deployed.text
+        [rayservice] = emulator.custom.list_namespaced_custom_object("ray.io", "v1", "default", "rayservices")["items"]
+        assert rayservice["metadata"]["name"] == "demo-chat"
+        [app] = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]
+        assert app["import_path"] == "raypod.serving.deploy:build" and app["route_prefix"] == "/chat"
+        assert app["args"]["settings"]["entry"]["id"] == "tiny" and app["args"]["options"]["num_replicas"] == 2
+        assert app["args"]["settings"]["l2_url"] == "redis://kv:6379/0"
+        assert rayservice["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "1"
+
+        def status_of() -> str:
+            return str(api.get(f"{url}/chat").json()["status"])
+
+        deadline = time.monotonic() + 10
+        while status_of() != "DEPLOYING" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status_of() == "DEPLOYING", "KubeRay has not reported the application yet"
+        running = {"activeServiceStatus": {"applicationStatuses": {"chat": {"status": "RUNNING"}}}}
+        emulator.custom.patch_namespaced_custom_object(
+            "ray.io", "v1", "default", "rayservices", "demo-chat", {"status": running}
+        )
+        deadline = time.monotonic() + 10
+        while status_of() != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status_of() == "RUNNING"
+        uid = api.get("/api/v1/namespaces/default/clusters/demo").json()["uid"]
+        proxy = "/api/v1/namespaces/default/services/demo-chat-serve-svc:serve/proxy"
+        assert backend.serve_endpoints(uid) == {"chat": f"{emulator.api.configuration.host}{proxy}"}, (
+            "the gateway sends /serve/chat/ to the RayService's own Serve proxy"
+        )
+        assert api.delete(f"{url}/chat").status_code in (200, 202)
+        assert not emulator.custom.list_namespaced_custom_object("ray.io", "v1", "default", "rayservices")["items"]
+
+
+def fail_pod(emulator: Emulator, name: str) -> None:
+    emulator.set_pod("default", name, {"phase": "Failed", "reason": "Error"})
+
+
+def quarantine_taints(emulator: Emulator, node: str) -> list[Any]:
+    taints = emulator.core.read_node(node).spec.taints or []
+    return [t for t in taints if t.key == kuberay.QUARANTINE_TAINT]
+
+
+def test_a_kubernetes_node_where_raypods_pods_keep_failing_is_tainted_for_the_quarantine_then_released(
+    db: store.Store, emulator: Emulator, backend: kuberay.KubeRayBackend
+) -> None:
+    emulator.core.create_node(
+        {
+            "metadata": {"name": "k8s-node-1"},
+            "spec": {"taints": [{"key": "team", "value": "ml", "effect": "NoSchedule"}]},
+        }
+    )
+    emulator.core.create_node({"metadata": {"name": "k8s-node-2"}, "spec": {}})
+    spec = SPEC.model_copy(update={"recovery": SPEC.recovery.model_copy(update={"quarantine_s": 6.0})})
+    uid = db.insert(spec).uid
+    reconciler = loop.Reconciler(db, backend)
+    until(reconciler, emulator.rayclusters, "the RayCluster is created")
+    kuberay_starts(emulator)
+    until(reconciler, lambda: view(db).status.phase is state.ClusterPhase.READY, "Ready")
+
+    fail_pod(emulator, "demo-w-worker-a")
+    until(reconciler, lambda: "demo-w-worker-a" not in {p.metadata.name for p in emulator.pods()}, "replaced once")
+    assert quarantine_taints(emulator, "k8s-node-1") == [], "one failing pod never taints a shared node"
+    emulator.start_pod("default", "demo", "w", "demo-w-worker-c", node="k8s-node-2")  # elsewhere: not counted there
+    emulator.run("default", "demo-w-worker-c", ip="10.0.0.4")
+    fail_pod(emulator, "demo-w-worker-b")
+    until(reconciler, lambda: quarantine_taints(emulator, "k8s-node-1"), "the node of two failures is tainted")
+    [taint] = quarantine_taints(emulator, "k8s-node-1")
+    assert taint.effect == "NoSchedule" and float(taint.value) > time.time()
+    assert [t.key for t in emulator.core.read_node("k8s-node-1").spec.taints] == ["team", kuberay.QUARANTINE_TAINT]
+    assert quarantine_taints(emulator, "k8s-node-2") == []
+
+    restarted = kuberay.KubeRayBackend(emulator.api, request_timeout_s=2.0)  # the taint's end is on the node
+    try:
+        assert restarted.clusters.wait_synced(10) and restarted.pods.wait_synced(10)
+        until(
+            loop.Reconciler(db, restarted),
+            lambda: not quarantine_taints(emulator, "k8s-node-1"),
+            "the taint is lifted once the quarantine ends",
+            timeout=30,
+        )
+    finally:
+        restarted.close()
+    assert [t.key for t in emulator.core.read_node("k8s-node-1").spec.taints] == ["team"], "other taints stay"
+    assert uid
+
+
+def test_hang_detection_asked_for_on_kubernetes_is_refused_with_a_clear_message_not_answered_with_no_hangs(
+    tmp_path: Path, emulator: Emulator, backend: kuberay.KubeRayBackend
+) -> None:
+    settings = config.Settings(home=tmp_path, reconcile_interval_s=0.05, tls=False)
+    with TestClient(create_app(settings, backend=backend), raise_server_exceptions=False) as api:
+        token = json.loads((tmp_path / "credentials").read_text())["token"]
+        api.headers["Authorization"] = f"Bearer {token}"
+        api.post("/api/v1/clusters", json=SPEC.model_dump(mode="json")).raise_for_status()
+        base = "/api/v1/namespaces/default/clusters/demo"
+        for path in ("hangs", "training"):
+            refused = api.get(f"{base}/{path}")
+            assert refused.status_code == 422 and "no agent runs in KubeRay's pods" in refused.json()["message"]
+        job = {"entrypoint": "python train.py", "metadata": {"raypod.hang_timeout": "15m"}}
+        refused = api.post(f"{base}/jobs", json=job)
+        assert refused.status_code == 422 and "hung-job detection does not run" in refused.json()["message"]

@@ -124,3 +124,36 @@ def test_a_rayjob_validates_against_kuberay_1_7(
         "authOptions": {"mode": "token"},
     }
     assert yaml.safe_load(manifest["spec"]["runtimeEnvYAML"]) == {"pip": ["requests"], "env_vars": {"A": "1"}}
+
+
+@pytest.fixture(scope="module")
+def rayservice_schema(kuberay_crds: Path) -> dict[str, Any]:
+    return crd_schema(kuberay_crds / "ray.io_rayservices.yaml")
+
+
+@pytest.mark.parametrize("data", SPECS, ids=[s["name"] for s in SPECS])
+def test_a_rayservice_validates_against_kuberay_1_7(data: dict[str, Any], rayservice_schema: dict[str, Any]) -> None:
+    spec = spec_mod.parse_spec(data)
+    args = {"action": "deploy", "name": "llama", "engine": "cpu", "options": {"num_replicas": 2}}
+    manifest = manifests.rayservice(spec, "llama", args)
+    jsonschema.validate(manifest["spec"], rayservice_schema["properties"]["spec"])
+    assert manifests.unknown_fields(manifest["spec"], rayservice_schema["properties"]["spec"]) == []
+    assert manifest["kind"] == "RayService" and manifest["metadata"]["name"] == f"{spec.name}-llama"
+    assert manifest["spec"]["rayClusterConfig"] == {
+        **manifests.raycluster(spec)["spec"],
+        "authOptions": {"mode": "token"},
+    }
+    [app] = yaml.safe_load(manifest["spec"]["serveConfigV2"])["applications"]
+    assert app == {
+        "name": "llama",
+        "route_prefix": "/llama",
+        "import_path": "raypod.serving.deploy:build",
+        "args": args,
+    }
+
+
+def test_a_rayservice_name_stays_short_enough_for_kuberays_derived_names() -> None:
+    long_cluster, long_app = "c" * 63, "a" * 40
+    name = manifests.rayservice_name(long_cluster, long_app)
+    assert len(name) <= 40 and name != manifests.rayservice_name(long_cluster, "a" * 39)
+    assert len(f"{name}-abcde-head-svc") <= 63

@@ -16,6 +16,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -46,6 +47,7 @@ DASHBOARD_PORT, GCS_PORT, METRICS_PORT = 8265, 6379, 8080
 RBAC_RULES = (
     {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list", "watch", "create", "patch", "delete"]},
     {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["list", "watch", "create", "delete"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayservices"], "verbs": ["list", "watch", "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "delete"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "delete"]},  # each cluster's Ray token
 )
@@ -56,6 +58,11 @@ CRD_RULE = {
     "resourceNames": ["rayclusters.ray.io"],
     "verbs": ["get"],
 }
+# Cluster-scoped too: a Kubernetes node where raypod's pods keep failing is tainted for a while (QUARANTINE_TAINT).
+NODE_RULE = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}
+QUARANTINE_TAINT = "raypod.io/quarantined"  # value: the Unix time it is lifted; effect NoSchedule
+TAINT_CHECK_S = 5.0
+BAD_NODE_FAILURES = 2  # replacements of raypod pods on one Kubernetes node, within the quarantine, that taint it
 
 
 class KubeRayBackend:
@@ -89,6 +96,9 @@ class KubeRayBackend:
         self._last: dict[str, state.ObservedCluster] = {}
         self._schema: dict[str, Any] | None = None
         self._ray_tokens: dict[str, str] = {}  # cluster uid -> its Ray token (from its Secret)
+        self._replaced_on: dict[str, list[float]] = {}  # Kubernetes node -> when raypod's pods there were replaced
+        self._taints: dict[str, float] | None = None  # Kubernetes node -> when raypod's taint on it is lifted
+        self._taints_checked = 0.0
         self._listener: Callable[[str], None] = lambda cluster_id: None
         self.clusters = Informer(
             PLURAL,
@@ -106,6 +116,13 @@ class KubeRayBackend:
             ),
             request_timeout_s=request_timeout_s,
         )
+        self.rayservices = Informer(
+            "rayservices",
+            functools.partial(
+                self._custom.list_cluster_custom_object, GROUP, VERSION, "rayservices", label_selector=MANAGED_SELECTOR
+            ),
+            request_timeout_s=request_timeout_s,
+        )
         self.pods = Informer(
             "pods",
             functools.partial(self._core.list_pod_for_all_namespaces, label_selector=RAY_POD_SELECTOR),
@@ -116,6 +133,7 @@ class KubeRayBackend:
         if watch:
             self.clusters.start()
             self.rayjobs.start()
+            self.rayservices.start()
             self.pods.start()
 
     @classmethod
@@ -176,41 +194,14 @@ class KubeRayBackend:
             )
         self._ray_token(cluster_id, where)  # the Secret first: KubeRay's pods cannot start without it
         digest = desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
-        if current is None:
-            self._call(
-                f"create RayCluster {spec.namespace}/{spec.name}",
-                self._custom.create_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                spec.namespace,
-                PLURAL,
-                desired,
-                _request_timeout=self._timeout,
-            )
-        elif current["metadata"].get("annotations", {}).get(SPEC_HASH_ANNOTATION) != digest:
-            patch = merge_patch({"spec": current.get("spec", {})}, {"spec": desired["spec"]})
-            patch["metadata"] = {
-                "labels": desired["metadata"]["labels"],
-                "annotations": desired["metadata"]["annotations"],
-                # The write fails with 409 if the object changed since we saw it: read again, next pass.
-                "resourceVersion": current["metadata"].get("resourceVersion"),
-            }
-            self._call(
-                f"update RayCluster {spec.namespace}/{spec.name}",
-                self._custom.patch_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                spec.namespace,
-                PLURAL,
-                spec.name,
-                patch,
-                _request_timeout=self._timeout,
-            )
+        if current is None or current["metadata"].get("annotations", {}).get(SPEC_HASH_ANNOTATION) != digest:
+            self._write(PLURAL, "RayCluster", current, desired)
 
     def set_change_listener(self, listener: Callable[[str], None]) -> None:
         self._listener = listener
 
     def observe(self, cluster_id: str) -> state.ObservedCluster:
+        self._lift_expired_taints()
         with self._lock:
             where = self._known.get(cluster_id)
         if where is None:
@@ -278,6 +269,9 @@ class KubeRayBackend:
             where[0],
             _request_timeout=self._timeout,
         )
+        host = (pod.get("spec") or {}).get("nodeName")
+        if quarantine_s > 0 and host:
+            self._count_failure(host, quarantine_s)
 
     def run_on_node(self, cluster_id: str, name: str, command: str, timeout_s: float) -> CommandResult:
         raise errors.PermanentError("commands on nodes (health checks) are not available on Kubernetes yet")
@@ -326,9 +320,10 @@ class KubeRayBackend:
         return ray_jobs.RayJobApi(dashboard_url, self.dashboard_headers(cluster_id), httpx.Client(timeout=30))
 
     def close(self) -> None:
-        for informer in (self.clusters, self.rayjobs, self.pods):
-            informer.stop(timeout_s=0)  # all three told first, then each waited for
-        for informer in (self.clusters, self.rayjobs, self.pods):
+        informers = (self.clusters, self.rayjobs, self.rayservices, self.pods)
+        for informer in informers:
+            informer.stop(timeout_s=0)  # all told first, then each waited for
+        for informer in informers:
             informer.stop()
 
     # -- RayJobRunner --------------------------------------------------------------------------------------
@@ -368,7 +363,101 @@ class KubeRayBackend:
             _request_timeout=self._timeout,
         )
 
+    # -- ServiceRunner -------------------------------------------------------------------------------------
+
+    def apply_rayservice(self, cluster_id: str, manifest: dict[str, Any]) -> None:
+        """Raises TransientError (not visible yet, 409: again), PermanentError (RBAC, no CRD, not ours)."""
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        manifest = json.loads(json.dumps(manifest))
+        manifest["metadata"]["labels"][UID_LABEL] = cluster_id
+        if not self.rayservices.synced:
+            raise errors.TransientError(f"RayServices are not visible yet: {self.rayservices.error or 'listing'}")
+        current = self.rayservices.get(namespace, name)
+        if current is not None and current["metadata"].get("labels", {}).get(UID_LABEL) != cluster_id:
+            raise errors.PermanentError(
+                f"a RayService {name} in namespace {namespace} exists that raypod did not create for this cluster; "
+                "delete it or deploy under another name"
+            )
+        if current is None or merge_patch({"spec": current.get("spec", {})}, {"spec": manifest["spec"]}):
+            self._write("rayservices", "RayService", current, manifest)
+
+    def rayservice_state(self, namespace: str, name: str) -> base.ServiceState | None:
+        item = self.rayservices.get(namespace, name)
+        if item is None:
+            return None
+        app = item["metadata"].get("labels", {}).get(manifests.APP_LABEL, "")
+        status = item.get("status") or {}
+        found = ((status.get("activeServiceStatus") or {}).get("applicationStatuses") or {}).get(app)
+        if found is None:
+            pending = (status.get("pendingServiceStatus") or {}).get("applicationStatuses") or {}
+            waiting = "KubeRay is starting the RayService's cluster and its Serve application"
+            return base.ServiceState("DEPLOYING", str((pending.get(app) or {}).get("message") or waiting), {})
+        deployments = {
+            str(deployment): str((detail or {}).get("status", ""))
+            for deployment, detail in (found.get("serveDeploymentStatuses") or {}).items()
+        }
+        return base.ServiceState(str(found.get("status") or "UNKNOWN"), str(found.get("message") or ""), deployments)
+
+    def delete_rayservice(self, namespace: str, name: str) -> None:
+        self._call(
+            f"delete RayService {namespace}/{name}",
+            self._custom.delete_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            "rayservices",
+            name,
+            _request_timeout=self._timeout,
+        )
+
+    def serve_endpoints(self, cluster_id: str) -> dict[str, str]:
+        found = {}
+        for item in self.rayservices.items():
+            labels = item["metadata"].get("labels", {})
+            if labels.get(UID_LABEL) != cluster_id or item["metadata"].get("deletionTimestamp"):
+                continue
+            namespace, name = item["metadata"]["namespace"], item["metadata"]["name"]
+            service = f"{name}-serve-svc"
+            if self._in_cluster:
+                url = f"http://{service}.{namespace}.svc:{manifests.SERVE_PORT}"
+            else:
+                host = self._api.configuration.host.rstrip("/")
+                url = f"{host}/api/v1/namespaces/{namespace}/services/{service}:serve/proxy"
+            found[labels.get(manifests.APP_LABEL, "")] = url
+        return found
+
     # -- inside --------------------------------------------------------------------------------------------
+
+    def _write(self, plural: str, kind: str, current: dict[str, Any] | None, desired: dict[str, Any]) -> None:
+        """Create ``desired``, or patch ``current`` into it: a JSON merge patch of the spec and raypod's metadata,
+        which fails with 409 if the object changed since it was read (then it is read again, next pass)."""
+        namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
+        if current is None:
+            self._call(
+                f"create {kind} {namespace}/{name}",
+                self._custom.create_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                plural,
+                desired,
+                _request_timeout=self._timeout,
+            )
+            return
+        patch = merge_patch({"spec": current.get("spec", {})}, {"spec": desired["spec"]})
+        metadata = {key: desired["metadata"][key] for key in ("labels", "annotations") if key in desired["metadata"]}
+        patch["metadata"] = {**metadata, "resourceVersion": current["metadata"].get("resourceVersion")}
+        self._call(
+            f"update {kind} {namespace}/{name}",
+            self._custom.patch_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            plural,
+            name,
+            patch,
+            _request_timeout=self._timeout,
+        )
 
     def _call(self, doing: str, call: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -447,6 +536,89 @@ class KubeRayBackend:
                 namespace,
                 _request_timeout=self._timeout,
             )
+
+    def _count_failure(self, host: str, quarantine_s: float) -> None:
+        """A replaced pod's Kubernetes node: once raypod's pods there were replaced BAD_NODE_FAILURES times within
+        the quarantine, the node itself is taken to be bad, and tainted so that no new pod lands there until the
+        quarantine ends (KubeRay's replacement goes elsewhere). One failing pod never taints a shared node."""
+        now = time.time()
+        with self._lock:
+            recent = [t for t in self._replaced_on.get(host, []) if now - t < quarantine_s] + [now]
+            self._replaced_on[host] = recent
+        if len(recent) < BAD_NODE_FAILURES or self._known_taints() is None:
+            return
+        until = now + quarantine_s
+        try:
+            node = self._core.read_node(host, _request_timeout=self._timeout)
+            taints = [t for t in _taints_of(node) if t.key != QUARANTINE_TAINT]
+            mine = client.V1Taint(key=QUARANTINE_TAINT, value=str(int(until)), effect="NoSchedule")
+            self._patch_taints(host, node, [*taints, mine])
+        except Exception as exc:  # a taint is a precaution: the pod is replaced either way
+            log.warning("%s", api_errors.explain(exc, f"taint Kubernetes node {host}"))
+            return
+        with self._lock:
+            assert self._taints is not None
+            self._taints[host] = until
+        log.warning(
+            "Kubernetes node %s: %d of raypod's pods there were replaced within %.0f s; tainted %s:NoSchedule until %s",
+            host,
+            len(recent),
+            quarantine_s,
+            QUARANTINE_TAINT,
+            datetime.fromtimestamp(until).isoformat(timespec="seconds"),
+        )
+
+    def _known_taints(self) -> dict[str, float] | None:
+        """raypod's taints by node, read from the nodes once (they outlive a restart of raypod); None where raypod
+        may not read nodes (a Role-only install): then nodes are never tainted."""
+        if self._taints is None:
+            try:
+                nodes = self._core.list_node(_request_timeout=self._timeout).items
+            except Exception as exc:
+                log.warning("%s; bad nodes are not tainted", api_errors.explain(exc, "list Kubernetes nodes"))
+                self._taints_checked = float("inf")
+                return None
+            self._taints = {
+                str(node.metadata.name if node.metadata else ""): float(taint.value or 0)
+                for node in nodes
+                for taint in _taints_of(node)
+                if taint.key == QUARANTINE_TAINT
+            }
+        return self._taints
+
+    def _lift_expired_taints(self) -> None:
+        """At most every few seconds, from the loop's observations: remove raypod's taints whose time is up."""
+        now = time.time()
+        if now - self._taints_checked < TAINT_CHECK_S:
+            return
+        self._taints_checked = now
+        taints = self._known_taints()
+        if taints is None:
+            return
+        with self._lock:
+            due = [host for host, until in taints.items() if until <= now]
+        for host in due:
+            try:
+                node = self._core.read_node(host, _request_timeout=self._timeout)
+                kept = [t for t in _taints_of(node) if t.key != QUARANTINE_TAINT]
+                self._patch_taints(host, node, kept)
+            except ApiException as exc:
+                if exc.status != 404:
+                    log.warning("%s", api_errors.explain(exc, f"lift the taint of Kubernetes node {host}"))
+                    continue
+            except Exception as exc:
+                log.warning("%s", api_errors.explain(exc, f"lift the taint of Kubernetes node {host}"))
+                continue
+            with self._lock:
+                taints.pop(host, None)
+            log.info("Kubernetes node %s: raypod's quarantine ended; taint %s removed", host, QUARANTINE_TAINT)
+
+    def _patch_taints(self, host: str, node: client.V1Node, taints: list[client.V1Taint]) -> None:
+        """The node's whole taint list, conditional on the version read (a 409 leaves it for the next try)."""
+        version = node.metadata.resource_version if node.metadata else None
+        written = [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints]
+        body = {"metadata": {"resourceVersion": version}, "spec": {"taints": written}}
+        self._core.patch_node(host, body, _request_timeout=self._timeout)
 
     def _read_secret(self, namespace: str, name: str) -> client.V1Secret | None:
         """None where there is none. Raises TransientError, PermanentError."""
@@ -539,6 +711,10 @@ def rendered(cluster_id: str, spec: spec_mod.ClusterSpec, *, kueue: bool = False
     manifest["metadata"]["labels"][UID_LABEL] = cluster_id
     manifest["metadata"].setdefault("annotations", {})[SPEC_HASH_ANNOTATION] = digest
     return manifest
+
+
+def _taints_of(node: client.V1Node) -> list[client.V1Taint]:
+    return list((node.spec.taints if node.spec else None) or [])
 
 
 def _is_ours(secret: client.V1Secret, cluster_id: str) -> bool:

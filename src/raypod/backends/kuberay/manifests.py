@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -366,4 +367,48 @@ def rayjob(
         "kind": "RayJob",
         "metadata": {"name": name, "namespace": spec.namespace, "labels": labels},
         "spec": body,
+    }
+
+
+SERVE_PORT = 8000  # KubeRay's serve Service targets the head and workers' container port named "serve"
+APP_LABEL = "raypod.io/serve-app"
+
+
+def rayservice_name(cluster: str, app: str) -> str:
+    """``<cluster>-<app>``, shortened with a digest where KubeRay's derived names (``<name>-serve-svc``, its
+    clusters' ``<name>-<suffix>-head-svc``) would pass 63 characters."""
+    name = f"{cluster}-{app}"
+    if len(name) <= 40:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{cluster[:15].rstrip('-')}-{app[:15].rstrip('-')}-{digest}"
+
+
+def rayservice(
+    spec: spec_mod.ClusterSpec, app: str, builder_args: dict[str, Any], *, kueue: bool = False
+) -> dict[str, Any]:
+    """The ``RayService`` that serves one model application (``app``) on a cluster of its own shaped as ``spec``:
+    KubeRay starts the cluster, applies the Serve config (raypod's application builder with ``builder_args``),
+    routes ``<name>-serve-svc`` to the ready replicas, and upgrades without downtime when the config changes."""
+    cluster = raycluster(spec, kueue=kueue)
+    # A token of its own, which KubeRay makes and uses for the cluster's dashboard: raypod reads Serve's status
+    # from the RayService, never from that dashboard.
+    cluster["spec"]["authOptions"] = {"mode": "token"}
+    serve_config = {
+        "http_options": {"host": "0.0.0.0", "port": SERVE_PORT},
+        "applications": [
+            {
+                "name": app,
+                "route_prefix": f"/{app}",
+                "import_path": "raypod.serving.deploy:build",
+                "args": builder_args,
+            }
+        ],
+    }
+    labels = {**cluster["metadata"]["labels"], "raypod.io/cluster": spec.name, APP_LABEL: app}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "RayService",
+        "metadata": {"name": rayservice_name(spec.name, app), "namespace": spec.namespace, "labels": labels},
+        "spec": {"serveConfigV2": yaml.safe_dump(serve_config, sort_keys=True), "rayClusterConfig": cluster["spec"]},
     }

@@ -16,7 +16,7 @@ from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.backends import base, ray_jobs
 from raypod.backends.kuberay import manifests
-from raypod.controlplane import identity, service, store
+from raypod.controlplane import capacity, identity, service, store
 from raypod.controlplane.jobs import packaging
 from raypod.controlplane.jobs.records import TERMINAL_STATUSES, JobRecords
 
@@ -34,6 +34,9 @@ class JobService:
     def submit(self, caller: identity.Principal, namespace: str, cluster: str, spec: spec_mod.JobSpec) -> state.JobView:
         """Raises Forbidden (not owner/team admin), NotFound, Conflict (no dashboard), TransientError."""
         view = self.clusters.get(caller, namespace, cluster, identity.Verb.OPERATE)
+        capacity.check_hangwatch(
+            self.clusters.backend.features, spec_mod.hang_overrides_from_metadata(spec.metadata) is not None
+        )
         spec = spec.model_copy(update={"runtime_env": {**view.spec.runtime_env, **spec.runtime_env}})
         job = state.JobView(
             id=f"rj-{secrets.token_hex(5)}",

@@ -11,7 +11,7 @@ from starlette.formparsers import MultiPartException
 
 from raypod import errors, state
 from raypod import spec as spec_mod
-from raypod.controlplane import hangs, identity, jobs
+from raypod.controlplane import capacity, hangs, identity, jobs
 from raypod.server.auth import Caller
 from raypod.server.routes.clusters import NamePath
 
@@ -112,6 +112,7 @@ def list_hangs(
 ) -> list[state.HangDetection]:
     """Hung or faulted Ray Train runs of the cluster (of one job), newest first, with every rank's stack."""
     svc.clusters.get(caller, namespace, name, identity.Verb.VIEW)
+    capacity.check_hangwatch(svc.clusters.backend.features)
     return collector.records.list(namespace, name, job, limit)
 
 
@@ -121,6 +122,7 @@ def training_progress(
 ) -> list[state.RunProgress]:
     """Live Ray Train runs of the cluster and each rank's progress, as the nodes' agents see it."""
     view = svc.clusters.get(caller, namespace, name, identity.Verb.VIEW)
+    capacity.check_hangwatch(svc.clusters.backend.features)
     return collector.runs(view.uid)
 
 
