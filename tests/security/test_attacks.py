@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -313,3 +314,44 @@ def test_viewers_cannot_operate_through_the_gateway(echo: tuple[App, EchoDashboa
         answer = app.http.request(method, "/clusters/ml/train/api/jobs/", content=b"{}", headers=app.as_("bob"))
         assert answer.status_code == 403, method
     assert len(dashboard.received) == before
+
+
+class RayServiceBackend(EchoBackend):
+    """The echo backend, serving application 'chat' at its own Serve proxy (a RayService's, on Kubernetes)."""
+
+    kueue = False
+
+    def __init__(self, dashboard: EchoDashboard, serve: EchoDashboard) -> None:
+        super().__init__(dashboard)
+        self.serve = serve
+
+    def apply_rayservice(self, cluster_id: str, manifest: dict[str, Any]) -> None: ...
+
+    def rayservice_state(self, namespace: str, name: str) -> None:
+        return None
+
+    def delete_rayservice(self, namespace: str, name: str) -> None: ...
+
+    def serve_endpoints(self, cluster_id: str) -> dict[str, str]:
+        return {"chat": self.serve.url}
+
+
+def test_a_rayservice_app_is_reached_at_its_own_serve_proxy_without_the_clusters_ray_token(tmp_path: Path) -> None:
+    dashboard, serve = EchoDashboard(), EchoDashboard()
+    try:
+        for app in make_app(tmp_path, backend=RayServiceBackend(dashboard, serve)):
+            app.cluster("train", owner="alice")
+            wait_ready(app, "ml", "train")
+            answer = app.http.get("/clusters/ml/train/serve/chat/v1/models", headers=app.as_("bob"))
+            assert answer.status_code == 200, answer.text
+            assert [r["path"] for r in serve.received] == ["/chat/v1/models"] and not dashboard.received
+            assert "ray-token-of" not in json.dumps(answer.json()["headers"]), "the Ray token stays off Serve's path"
+            other = app.http.get("/clusters/ml/train/serve/other/v1/models", headers=app.as_("bob"))
+            assert other.status_code == 409 and "no Serve endpoint" in other.json()["message"]
+            assert app.http.get("/clusters/ml/train/serve/chat/v1/models", headers=app.as_("dave")).status_code in (
+                403,
+                404,
+            )
+    finally:
+        dashboard.close()
+        serve.close()
