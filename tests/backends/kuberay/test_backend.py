@@ -511,3 +511,23 @@ def test_hang_detection_asked_for_on_kubernetes_is_refused_with_a_clear_message_
         job = {"entrypoint": "python train.py", "metadata": {"raypod.hang_timeout": "15m"}}
         refused = api.post(f"{base}/jobs", json=job)
         assert refused.status_code == 422 and "hung-job detection does not run" in refused.json()["message"]
+
+
+def test_a_pod_no_kubernetes_node_can_take_says_why_in_its_nodes_reason() -> None:
+    pod = {
+        "metadata": {"name": "demo-head-x1", "labels": {"ray.io/node-type": "head"}},
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/3 nodes are available: 3 Insufficient cpu.",
+                }
+            ],
+        },
+    }
+    [node] = kuberay.observed_nodes([pod]).values()
+    assert node.phase is state.NodePhase.STARTING
+    assert node.reason == "its pod cannot be scheduled: 0/3 nodes are available: 3 Insufficient cpu."

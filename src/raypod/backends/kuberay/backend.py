@@ -783,9 +783,14 @@ def _pod_phase(pod: dict[str, Any]) -> tuple[state.NodePhase, str]:
         ]
         why = next((t.get("reason") for t in terminated if t.get("reason")), status.get("reason") or phase)
         return state.NodePhase.DEAD, f"its pod {phase.lower()}: {why}"
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
+    conditions = status.get("conditions", [])
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     if phase == "Running" and ready:
         return state.NodePhase.RUNNING, ""
+    unscheduled = next((c for c in conditions if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
+    if unscheduled is not None:  # e.g. "0/3 nodes are available: 3 Insufficient cpu.": what a user must change
+        why = unscheduled.get("message") or unscheduled.get("reason") or "no Kubernetes node can take it"
+        return state.NodePhase.STARTING, f"its pod cannot be scheduled: {why}"
     return state.NodePhase.STARTING, "its pod is " + ("starting" if phase == "Running" else phase.lower())
 
 
