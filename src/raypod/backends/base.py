@@ -6,6 +6,7 @@ users or quotas, and nothing backend-specific leaks out of it.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -115,6 +116,11 @@ class Backend(Protocol):
 
     def dashboard_headers(self, cluster_id: str) -> dict[str, str]:
         """Headers that authenticate raypod to the cluster's Ray dashboard (users never see them)."""
+        ...
+
+    def upstream_tls(self, cluster_id: str) -> ssl.SSLContext | None:
+        """How raypod verifies (and presents itself to) the cluster's endpoints where they are https, e.g. the
+        Kubernetes API server's proxy with the kubeconfig's CA and client certificate; None: the system's CAs."""
         ...
 
     def job_api(self, cluster_id: str, dashboard_url: str) -> ray_jobs.RayJobApi:

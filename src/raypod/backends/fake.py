@@ -6,6 +6,7 @@ Nodes start in ``Starting`` and become ``Running`` on the next observation, like
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -165,6 +166,9 @@ class FakeBackend:
         with self._lock:
             self.calls.append(("release", cluster_id, ""))
             self.nodes.pop(cluster_id, None)
+
+    def upstream_tls(self, cluster_id: str) -> ssl.SSLContext | None:
+        return None
 
     def dashboard_headers(self, cluster_id: str) -> dict[str, str]:
         return {}

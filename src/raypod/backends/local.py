@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -556,6 +557,9 @@ class LocalBackend:
         if cluster is not None:
             shutil.rmtree(cluster.temp_dir, ignore_errors=True)
         shutil.rmtree(self._cluster_dir(cluster_id), ignore_errors=True)
+
+    def upstream_tls(self, cluster_id: str) -> ssl.SSLContext | None:
+        return None  # every endpoint is plain HTTP on loopback
 
     def dashboard_headers(self, cluster_id: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.ray_token(cluster_id)}"}

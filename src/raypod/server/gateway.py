@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -92,6 +93,7 @@ class Route:
     team: str | None
     serve: str | None = None
     serve_apps: dict[str, str] = field(default_factory=dict)  # app -> its own Serve proxy (a RayService's)
+    tls: ssl.SSLContext | None = None  # how https upstreams are verified; None: the system's CAs
 
 
 class RouteCache:
@@ -120,6 +122,7 @@ class RouteCache:
             team=self.clusters.identities.namespace_team(namespace),
             serve=view.status.endpoints.get("serve") if not view.deleting else None,
             serve_apps=_serve_apps(self.clusters.backend, view),
+            tls=self.clusters.backend.upstream_tls(view.uid),
         )
         if route.dashboard:
             self._routes[(namespace, name)] = (time.monotonic(), route)
@@ -289,6 +292,7 @@ async def proxy(request: Request) -> Response:
         (principal.user, namespace, name),
         f"cluster {namespace}/{name} {upstream_name}",
         path,
+        route.tls,
     )
 
 
@@ -300,6 +304,7 @@ async def _forward(
     limit_key: tuple[str, str, str],
     upstream_name: str,
     metric_path: str,
+    tls: ssl.SSLContext | None = None,
 ) -> Response:
     """Send the request upstream and relay its answer: small answers in one piece, others streamed."""
     limit: ConcurrencyLimit = request.app.state.gateway_limit
@@ -314,6 +319,7 @@ async def _forward(
                 data=body,
                 allow_redirects=False,
                 auto_decompress=False,
+                ssl=tls if tls is not None else True,
             )
         except TimeoutError:
             raise errors.TransientError(f"{upstream_name} did not answer in time") from None
@@ -393,7 +399,7 @@ async def proxy_websocket(websocket: WebSocket, namespace: str, name: str, path:
     except errors.RaypodError as exc:
         await _refuse(websocket, exc)
         return
-    await _relay_websocket(websocket, f"{route.dashboard}/{path}", route.headers, "cluster dashboard")
+    await _relay_websocket(websocket, f"{route.dashboard}/{path}", route.headers, "cluster dashboard", route.tls)
 
 
 async def _websocket_caller(websocket: WebSocket) -> identity.Principal | None:
@@ -419,8 +425,11 @@ async def _refuse(websocket: WebSocket, exc: errors.RaypodError) -> None:
     await websocket.close(code=4401 if isinstance(exc, errors.Unauthenticated) else 4403, reason=exc.message[:120])
 
 
-async def _relay_websocket(websocket: WebSocket, upstream_url: str, headers: dict[str, str], what: str) -> None:
-    target = upstream_url.replace("http://", "ws://", 1)
+async def _relay_websocket(
+    websocket: WebSocket, upstream_url: str, headers: dict[str, str], what: str, tls: ssl.SSLContext | None = None
+) -> None:
+    secure = upstream_url.startswith("https://")
+    target = "wss://" + upstream_url[8:] if secure else upstream_url.replace("http://", "ws://", 1)
     if websocket.url.query:
         target += f"?{websocket.url.query}"
     settings = websocket.app.state.settings
@@ -437,6 +446,7 @@ async def _relay_websocket(websocket: WebSocket, upstream_url: str, headers: dic
             ping_interval=settings.ws_ping_interval_s,
             ping_timeout=None,
             open_timeout=settings.gateway_connect_timeout_s,
+            ssl=tls if secure else None,  # wss without a context: the system's CAs
         ) as upstream:
             await websocket.accept(subprotocol=upstream.subprotocol)
             await _pump(websocket, upstream)

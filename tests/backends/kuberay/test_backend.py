@@ -531,3 +531,50 @@ def test_a_pod_no_kubernetes_node_can_take_says_why_in_its_nodes_reason() -> Non
     [node] = kuberay.observed_nodes([pod]).values()
     assert node.phase is state.NodePhase.STARTING
     assert node.reason == "its pod cannot be scheduled: 0/3 nodes are available: 3 Insufficient cpu."
+
+
+def test_outside_the_cluster_endpoints_are_trusted_as_the_kubeconfig_trusts_the_api_server(tmp_path: Path) -> None:
+    """The API server's proxy, with a CA of its own (as most kubeconfigs have): the system's CAs would refuse it."""
+    import ssl
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import httpx
+    from kubernetes import client as kube
+
+    from raypod.server import tls
+
+    cert, key = tls.self_signed(tmp_path)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"https://127.0.0.1:{server.server_address[1]}"
+    try:
+        trusting = kube.Configuration()
+        trusting.host, trusting.ssl_ca_cert = url, str(tls.ca_path(tmp_path))
+        made = kuberay.KubeRayBackend(kube.ApiClient(trusting), watch=False)
+        assert httpx.get(url, verify=made.upstream_tls("any") or True).text == "ok"
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url)  # the system's CAs: what the gateway used before
+        skipping = kube.Configuration()
+        skipping.host, skipping.verify_ssl = url, False
+        insecure = kuberay.KubeRayBackend(kube.ApiClient(skipping), watch=False)
+        assert httpx.get(url, verify=insecure.upstream_tls("any") or True).text == "ok"
+        inside = kuberay.KubeRayBackend(kube.ApiClient(trusting), in_cluster=True, watch=False)
+        assert inside.upstream_tls("any") is None, "in the cluster, services are plain HTTP"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import secrets
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -96,6 +97,7 @@ class KubeRayBackend:
         self._last: dict[str, state.ObservedCluster] = {}
         self._schema: dict[str, Any] | None = None
         self._ray_tokens: dict[str, str] = {}  # cluster uid -> its Ray token (from its Secret)
+        self._tls: ssl.SSLContext | None = None
         self._replaced_on: dict[str, list[float]] = {}  # Kubernetes node -> when raypod's pods there were replaced
         self._taints: dict[str, float] | None = None  # Kubernetes node -> when raypod's taint on it is lifted
         self._taints_checked = 0.0
@@ -314,10 +316,27 @@ class KubeRayBackend:
             headers["Authorization"] = token if token.startswith("Bearer ") else f"Bearer {token}"
         return headers
 
+    def upstream_tls(self, cluster_id: str) -> ssl.SSLContext | None:
+        """Outside the cluster, endpoints are the API server's proxy: trusted as the kubeconfig trusts it (its CA,
+        or none where it says ``insecure-skip-tls-verify``), with its client certificate where it has one."""
+        if self._in_cluster or not self._api.configuration.host.startswith("https://"):
+            return None
+        if self._tls is None:
+            configuration = self._api.configuration
+            context = ssl.create_default_context(cafile=configuration.ssl_ca_cert or None)
+            if not configuration.verify_ssl:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+            if configuration.cert_file and configuration.key_file:
+                context.load_cert_chain(configuration.cert_file, configuration.key_file)
+            self._tls = context
+        return self._tls
+
     def job_api(self, cluster_id: str, dashboard_url: str) -> ray_jobs.RayJobApi:
         import httpx
 
-        return ray_jobs.RayJobApi(dashboard_url, self.dashboard_headers(cluster_id), httpx.Client(timeout=30))
+        client = httpx.Client(timeout=30, verify=self.upstream_tls(cluster_id) or True)
+        return ray_jobs.RayJobApi(dashboard_url, self.dashboard_headers(cluster_id), client)
 
     def close(self) -> None:
         informers = (self.clusters, self.rayjobs, self.rayservices, self.pods)
