@@ -90,3 +90,21 @@ def test_a_reserving_engine_reads_l2_into_memory_it_allocated_at_start(tiny_mode
     assert answer(reader, prompt) == expected and reader.timings[-1].tiers.get("l2") == 6
     assert reader.cache._staging is not None and reader.cache._staging.buffer is reserved, "nothing new allocated"
     assert reader.pool.buffer.shape[4] == 8 * CHUNK
+
+
+def test_a_request_that_fails_after_an_l2_hit_gives_the_read_buffer_back(
+    tiny_model: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def cache() -> KVCache:
+        return KVCache(KVCacheConfig(model_id="tiny-fail", chunk_tokens=CHUNK, l1="off", l2_url=redis_url))
+
+    writer, reader = Engine(tiny_model, "tiny", cache()), Engine(tiny_model, "tiny", cache(), reserve_tokens=4 * CHUNK)
+    prompt = tokens_of(writer, 3 * CHUNK + 1, seed=7)
+    answer(writer, prompt)
+    assert writer.cache is not None and reader.cache is not None
+    writer.cache.flush()
+    reserved = reader.cache._staging
+    monkeypatch.setattr(reader.pool, "cache", lambda *args: (_ for _ in ()).throw(MemoryError("no room")))
+    with pytest.raises(MemoryError):
+        answer(reader, prompt)
+    assert reader.cache._staging is reserved, "the next lookup still reads into the reserved buffer"

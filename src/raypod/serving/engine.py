@@ -219,26 +219,29 @@ class Engine:
         queued = self.cache.pending_writes() if self.cache is not None else 0
         prefix = self.cache.lookup(tokens) if use_cache and self.cache is not None else None
         looked_up = time.perf_counter()
-        kv = self.pool.cache(len(tokens) + request.max_tokens, prefix.chunks if prefix else [], self.chunk)
-        if prefix is not None:
-            prefix.seconds["pool_copy"] = time.perf_counter() - looked_up
-        done = prefix.tokens if prefix else 0
-        logits = None
-        while done < len(tokens):
-            end = min(len(tokens), (done // self.chunk + 1) * self.chunk)
-            piece = torch.tensor([tokens[done:end]], dtype=torch.long)
-            output = self.model(input_ids=piece, cache=kv, use_cache=True, logits_to_keep=1)
-            logits = output.logits[0, -1]
-            done = end
-        assert logits is not None
+        kv, prefilled = None, False
         try:
+            kv = self.pool.cache(len(tokens) + request.max_tokens, prefix.chunks if prefix else [], self.chunk)
+            if prefix is not None:
+                prefix.seconds["pool_copy"] = time.perf_counter() - looked_up
+            done = prefix.tokens if prefix else 0
+            logits = None
+            while done < len(tokens):
+                end = min(len(tokens), (done // self.chunk + 1) * self.chunk)
+                piece = torch.tensor([tokens[done:end]], dtype=torch.long)
+                output = self.model(input_ids=piece, cache=kv, use_cache=True, logits_to_keep=1)
+                logits = output.logits[0, -1]
+                done = end
+            assert logits is not None
+            prefilled = True
             yield from self._decode(request, tokens, kv, logits, prefix, started, looked_up, queued, cancelled)
         finally:
             # After the answer (the first token is not kept waiting), and before the next request reuses the pool:
-            # the new chunks are copied out here and written to the tiers in the background.
-            if use_cache and self.cache is not None:
-                if prefix is not None:
-                    self.cache.promote(prefix)
+            # what L2 served goes to L1 (and its read buffer back to the cache, even after a failure), and the new
+            # chunks are copied out here and written to the tiers in the background.
+            if prefix is not None and self.cache is not None:
+                self.cache.promote(prefix)
+            if use_cache and self.cache is not None and prefilled and kv is not None:
                 cached_chunks = prefix.tokens // self.chunk if prefix else 0
                 layers = [(layer.keys, layer.values) for layer in kv.layers]
                 self.cache.store(tokens, layers, cached_chunks, snapshot=True)
