@@ -140,6 +140,7 @@ def kernel(
         ssl=ssl.create_default_context(cafile=server.ca_file),
         additional_headers={"Authorization": f"Bearer {server.admin_token}"},
         max_size=None,
+        open_timeout=180,  # JupyterLab answers once the kernel has started; longer than the gateway's 120 s
     ) as ws:
         yield Kernel(ws)
 

@@ -445,7 +445,9 @@ async def _relay_websocket(
             compression=None,
             ping_interval=settings.ws_ping_interval_s,
             ping_timeout=None,
-            open_timeout=settings.gateway_connect_timeout_s,
+            # The handshake's answer is a read, and may wait: JupyterLab upgrades a kernel's channels only once the
+            # kernel has started, which on a busy host takes more than a connect timeout.
+            open_timeout=settings.gateway_read_timeout_s,
             ssl=tls if secure else None,  # wss without a context: the system's CAs
         ) as upstream:
             await websocket.accept(subprotocol=upstream.subprotocol)
