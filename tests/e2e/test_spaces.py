@@ -262,10 +262,15 @@ def test_a_head_restart_restarts_the_workspace_node_and_a_new_kernels_ray_init_c
         # The state is read from the last observation: the restarted IDE itself says when it answers.
         wait_until(lambda: http.get(f"/spaces/default/{SPACE}/api/status").status_code == 200, "the IDE", 120)
     with kernel(server, http) as notebook:
+        # The workers restarted with the head too, and may join after the workspace's node: the cell waits for them.
         output = notebook.run(
-            "import ray\nray.init(address='auto')\n"
-            "print(len([n for n in ray.nodes() if n['Alive']]))\n"
-            "print(ray.get(ray.remote(num_cpus=1)(lambda: 'ran').remote()))\n"
+            "import ray, time\nray.init(address='auto')\n"
+            "alive = lambda: len([n for n in ray.nodes() if n['Alive']])\n"
+            "deadline = time.time() + 180\n"
+            "while alive() < 3 and time.time() < deadline:\n    time.sleep(1)\n"
+            "print(alive())\n"
+            "print(ray.get(ray.remote(num_cpus=1)(lambda: 'ran').remote()))\n",
+            timeout=300,
         )
     alive, ran = output.strip().splitlines()[-2:]  # the cell's stream also carries Ray's log lines
     assert ran == "ran" and int(alive) >= 3, output  # the head, the workers and the workspace's node
