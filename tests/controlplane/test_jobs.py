@@ -76,3 +76,20 @@ def test_empty_and_oversized_uploads_are_refused() -> None:
         packaging.build_package([])
     with pytest.raises(errors.InvalidSpec, match="MiB"):
         packaging.build_package([("big.bin", b"\0" * (packaging.MAX_WORKING_DIR_BYTES + 1))])
+
+
+def test_a_copy_read_before_the_job_ended_cannot_undo_its_end(tmp_path: object) -> None:
+    """The supervisor saves what it read before the hang collector failed the job: the failure stands."""
+    from pathlib import Path
+
+    from raypod.controlplane import store
+    from raypod.controlplane.jobs.records import JobRecords
+
+    db = store.Store(f"sqlite:///{Path(str(tmp_path)) / 'raypod.db'}")
+    records = JobRecords(db.engine)
+    running = job(1)
+    assert records.insert(running)
+    stale = records.load(running.id)
+    records.save(stale.model_copy(update={"status": state.JobStatus.FAILED}))
+    records.save(stale.model_copy(update={"status": state.JobStatus.RUNNING}))
+    assert records.load(running.id).status is state.JobStatus.FAILED

@@ -52,11 +52,14 @@ class JobRecords:
             return [_view(row) for row in connection.execute(query)]
 
     def save(self, job: state.JobView) -> None:
+        """Write the job's status and attempts, unless the stored job has ended meanwhile: an end is final, and a
+        copy read before it (the supervisor's, while the hang collector failed the job) must not undo it."""
         row = _row(job)
+        ended = [status.value for status in TERMINAL_STATUSES]
         with self.engine.begin() as connection:
             connection.execute(
                 jobs.update()
-                .where(jobs.c.id == job.id)
+                .where(jobs.c.id == job.id, jobs.c.status.notin_(ended))
                 .values(status=row["status"], attempts=row["attempts"], next_attempt_at=row["next_attempt_at"])
             )
 
