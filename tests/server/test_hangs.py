@@ -140,17 +140,31 @@ def test_a_hang_seen_on_every_node_is_requested_once_and_the_detections_merge_in
 def test_a_run_that_hangs_again_and_again_fails_its_job_with_the_reason(
     client: TestClient, admin: dict[str, str], tmp_path: Path
 ) -> None:
-    _, dirs = setup_cluster(client, admin, tmp_path)
+    """The control plane decides to fail the job (its own count of hangs in a row, past ``max_hang_restarts``),
+    and finds the job in its own records of the cluster from the Ray job id: no file names the job or the
+    action (tests/security/test_tenant_boundary.py)."""
+    uid, dirs = setup_cluster(client, admin, tmp_path)
     job = client.post(
         "/api/v1/namespaces/default/clusters/hw/jobs", json={"entrypoint": "python train.py"}, headers=admin
     ).json()
-    layout.write_json(layout.detections_dir(dirs["cpu-0"]) / "d.json", detection(0, "fail-job", job["id"]))
+    backend = client.app.state.clusters.backend  # type: ignore[attr-defined]
+    wait_for(lambda: backend.ray_jobs.get(uid), "the submission on Ray")
+    [submitted] = backend.ray_jobs[uid].values()
+    submitted["job_id"] = "02000000"
+    layout.write_json(dirs["cpu-0"] / "status.json", status(0, 25.0, action="cancel"))
+    layout.write_json(dirs["cpu-1"] / "status.json", status(1, 22.0, action="cancel"))
     failed = wait_for(
         lambda: (j := client.get(f"/api/v1/jobs/{job['id']}", headers=admin).json())["status"] == "FAILED" and j,
         "the job failed",
     )
     assert "hung 1 times with no progress" in failed["attempts"][-1]["message"]
-    listed = client.get(f"/api/v1/namespaces/default/clusters/hw/hangs?job={job['id']}", headers=admin).json()
+    [request] = list(dirs["cpu-0"].glob("requests/*.json"))
+    assert (layout.read_json(request) or {})["action"] == "fail-job"
+    layout.write_json(layout.detections_dir(dirs["cpu-0"]) / "d.json", detection(0, "cancel", None))
+    listed = wait_for(
+        lambda: client.get(f"/api/v1/namespaces/default/clusters/hw/hangs?job={job['id']}", headers=admin).json(),
+        "the detection, with its job from raypod's records",
+    )
     assert [d["action"] for d in listed] == ["fail-job"]
 
 

@@ -81,7 +81,7 @@ def test_a_python_env_that_cannot_run_a_drivers_kernel_is_refused_with_how_to_fi
     base = "/api/v1/namespaces/default/spaces"
     cases = [
         ("relative/env", "an absolute path"),
-        ("/no/such/env", "/no/such/env/bin/python does not exist"),
+        ("/no/such/env", "give the directory of a virtual environment that the cluster's nodes can read"),
         (str(bare), "lacks ipykernel or Ray; install them with: "),
     ]
     for python_env, text in cases:

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import psutil
 
-from raypod import config, errors, state
+from raypod import config, errors, state, untrusted_files
 from raypod import spec as spec_mod
 from raypod.backends import _ports, base, commands, ray_jobs
 from raypod.capabilities.governance import notice as governance_notice
@@ -342,13 +342,16 @@ class LocalBackend:
                 record.hangwatch_dir = os.path.join(
                     cluster.temp_dir, "hangwatch", f"{node.name}-{record.incarnation[:8]}"
                 )
-                hangwatch_layout.write_json(
-                    Path(record.hangwatch_dir) / "config.json", node.hangwatch.model_dump(mode="json")
+                # The cluster's directory is its nodes' to change: written without following their links.
+                untrusted_files.write_json(
+                    _resolved_parent(cluster.temp_dir),
+                    os.path.relpath(record.hangwatch_dir, cluster.temp_dir) + "/config.json",
+                    node.hangwatch.model_dump(mode="json"),
                 )
             binds: list[str] = []
             if node.space is not None:
                 namespace, name = node.space_path.strip("/").split("/")[1:3]
-                files = space_ide.files_dir(self.home, namespace, name)
+                files = space_ide.files_dir(self.home, namespace, name, node.space.owner)
                 files.mkdir(parents=True, exist_ok=True)
                 record.space_kind, record.space_path, record.space_dir = (
                     node.space.kind.value,
@@ -357,7 +360,10 @@ class LocalBackend:
                 )
                 record.space_python_env = node.space.python_env or ""
                 if node.space.python_env:
-                    space_ide.write_env_kernel(files, node.space.python_env)
+                    try:
+                        space_ide.write_env_kernel(files, node.space.python_env)
+                    except OSError as exc:
+                        raise errors.PermanentError(f"cannot write workspace {name}'s kernel: {exc}") from exc
                 record.ide_port = _ports.allocate(1, self._reserved_ports() | set(ports))[0]
                 binds.append(str(files))
             node_dir = self._cluster_dir(cluster_id) / "nodes"
@@ -438,8 +444,9 @@ class LocalBackend:
             (self._cluster_dir(cluster_id) / "nodes" / f"{name}.json").unlink()
 
     def hangwatch_dirs(self, cluster_id: str) -> dict[str, Path]:
+        """Without a symbolic link on the way (the host's temporary root resolved), as the collector requires."""
         return {
-            name: Path(record.hangwatch_dir)
+            name: _resolved_parent(record.hangwatch_dir)
             for name, record in self._read_nodes(cluster_id).items()
             if record.hangwatch_dir
         }
@@ -459,7 +466,9 @@ class LocalBackend:
             return  # the node is starting or stopping: next pass
         if record.hangwatch_pid:
             log.warning("hangwatch agent of node %s exited; starting it again", record.name)
-        pid = self._start_sidecar(argv, environment, "/", Path(record.hangwatch_dir) / "agent.log")
+        # Its log is beside the node's, in raypod's own directory: the hangwatch directory is the node's to change.
+        log_path = self._cluster_dir(cluster_id) / "nodes" / f"{record.name}.hangwatch.log"
+        pid = self._start_sidecar(argv, environment, "/", log_path)
         record.hangwatch_pid, record.hangwatch_create_time = pid, _create_time(pid)
         self._write_node(cluster_id, record)
 
@@ -1101,6 +1110,15 @@ def _ray_executable() -> str:
 
 def _count_gpus() -> int:
     return len(list(Path("/proc/driver/nvidia/gpus").glob("*"))) if Path("/proc/driver/nvidia/gpus").exists() else 0
+
+
+def _resolved_parent(path: str) -> Path:
+    """``path`` with the temporary root that holds every cluster's directory resolved (raypod's; a node cannot
+    change it), the rest as written: a link a node put below stays a link, for ``hangwatch.layout`` to refuse."""
+    relative = os.path.relpath(path, tempfile.gettempdir())
+    if relative.startswith(".."):
+        return Path(path)
+    return Path(os.path.realpath(tempfile.gettempdir()), relative)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

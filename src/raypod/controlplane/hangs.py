@@ -9,6 +9,7 @@ only reports and enforces the limit.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import logging
 import threading
@@ -21,13 +22,13 @@ from urllib.parse import urlsplit
 import httpx
 import sqlalchemy as sa
 
-from raypod import errors, state
+from raypod import errors, state, untrusted_files
 from raypod import spec as spec_mod
-from raypod.capabilities.hangwatch import detector, layout
+from raypod.capabilities.hangwatch import detector
 from raypod.capabilities.observability import metrics
 from raypod.controlplane import schema, store
+from raypod.controlplane.jobs.records import TERMINAL_STATUSES
 from raypod.controlplane.jobs.service import JobService
-from raypod.controlplane.jobs.supervisor import imported_id
 from raypod.controlplane.periodic import Periodic
 
 log = logging.getLogger(__name__)
@@ -103,34 +104,57 @@ def merge(existing: state.HangDetection, found: state.HangDetection) -> state.Ha
     )
 
 
-def from_agent(view: state.ClusterView, data: dict[str, Any]) -> state.HangDetection:
-    """An agent's detection file as a record; its id is the run attempt's, the same from every node."""
+MAX_FILE_BYTES = 4 * 2**20
+MAX_DETECTIONS_PER_PASS = 64  # per node directory: a flood of files is read over several passes
+
+
+def from_agent(view: state.ClusterView, data: dict[str, Any], job: str | None, action: str) -> state.HangDetection:
+    """An agent's detection file as a record. The file is untrusted (every process on the node can write it):
+    its job and its action are the control plane's (``job``, ``action``), never the file's; its id is the run
+    attempt's, the same from every node.
+
+    Raises:
+        ValueError: a field is missing or of the wrong type."""
 
     def when(value: Any) -> datetime | None:
-        return datetime.fromtimestamp(float(value), UTC) if isinstance(value, int | float) else None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 2**33:
+            return None
+        return datetime.fromtimestamp(float(value), UTC)
 
-    return state.HangDetection(
-        id=f"{view.uid[:8]}-{str(data['run_id'])[:12]}-{str(data['attempt'])[:12]}-{data['kind']}",
-        namespace=view.spec.namespace,
-        cluster=view.spec.name,
-        job=data.get("raypod_job"),
-        ray_job_id=data.get("job_id"),
-        run=data.get("run"),
-        run_id=str(data["run_id"]),
-        attempt=str(data["attempt"]),
-        kind=str(data["kind"]),
-        rule=data.get("rule"),
-        reason=str(data.get("reason", ""))[:2000],
-        action=str(data.get("action", "notify")),
-        detected_at=when(data.get("detected_at")) or store.now(),
-        last_progress=when(data.get("last_progress")),
-        timeout_s=data.get("timeout_s"),
-        diagnostics_s=data.get("diagnostics_s"),
-        hangs_without_progress=int(data.get("hangs_without_progress") or 1),
-        common_wait=data.get("common_wait"),
-        stalled_first=list(data.get("stalled_first") or []),
-        ranks=[state.HangRank.model_validate(rank) for rank in data.get("ranks") or []],
-    )
+    def text(value: Any, limit: int = 256) -> str | None:
+        return None if value is None else str(value)[:limit]
+
+    try:
+        return state.HangDetection(
+            id=f"{view.uid[:8]}-{str(data['run_id'])[:12]}-{str(data['attempt'])[:12]}-{str(data['kind'])[:16]}",
+            namespace=view.spec.namespace,
+            cluster=view.spec.name,
+            job=job,
+            ray_job_id=text(data.get("job_id"), 64),
+            run=text(data.get("run")),
+            run_id=str(data["run_id"])[:64],
+            attempt=str(data["attempt"])[:64],
+            kind=str(data["kind"])[:16],
+            rule=text(data.get("rule")),
+            reason=str(data.get("reason", ""))[:2000],
+            action=action,
+            detected_at=when(data.get("detected_at")) or store.now(),
+            last_progress=when(data.get("last_progress")),
+            timeout_s=data.get("timeout_s"),
+            diagnostics_s=data.get("diagnostics_s"),
+            hangs_without_progress=int(data.get("hangs_without_progress") or 1),
+            common_wait=text(data.get("common_wait")),
+            stalled_first=list(data.get("stalled_first") or [])[:4096],
+            ranks=[state.HangRank.model_validate(rank) for rank in (data.get("ranks") or [])[:4096]],
+        )
+    except KeyError as exc:
+        raise ValueError(f"missing field {exc}") from None
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def request_id(run_id: str, attempt: str | None) -> str:
+    return f"{run_id[:12]}-{(attempt or '')[:12]}-hang"
 
 
 class HangCollector(Periodic):
@@ -146,7 +170,7 @@ class HangCollector(Periodic):
         self.records = HangRecords(db.engine)
         self.progress: dict[str, list[state.RunProgress]] = {}
         self._seen: dict[Path, float] = {}  # detection file -> its mtime when merged
-        self._requested: set[str] = set()  # hang requests handed to agents, by id
+        self._requested: dict[str, str] = {}  # hang requests handed to agents: id -> the action decided
         self._hangs: dict[str, tuple[int, float]] = {}  # run id -> (hangs in a row, when the last one was)
 
     def run_once(self) -> None:
@@ -159,17 +183,23 @@ class HangCollector(Periodic):
             alive.add(view.uid)
             if view.deleting or view.status.phase not in COLLECT_PHASES:
                 continue
-            dirs = self.backend.hangwatch_dirs(view.uid)
-            runs = self._progress(dirs, now)
-            for run, places in runs:
-                self._judge(view, run, places)
-            self.progress[view.uid] = [run for run, _ in runs]
-            metrics.HUNG_JOBS.labels(view.spec.name, view.spec.namespace).set(sum(1 for run, _ in runs if run.hung))
-            for directory in dirs.values():
-                for path in sorted(layout.detections_dir(directory).glob("*.json")):
-                    self._collect(view, path)
+            try:
+                self._collect_cluster(view, now)
+            except Exception:  # one cluster's files never stop the pass for the others
+                log.exception("collecting the hang reports of cluster %s/%s", view.spec.namespace, view.spec.name)
         for uid in [uid for uid in self.progress if uid not in alive]:
             del self.progress[uid]
+
+    def _collect_cluster(self, view: state.ClusterView, now: float) -> None:
+        dirs = self.backend.hangwatch_dirs(view.uid)
+        runs = self._progress(dirs, now)
+        for run, places in runs:
+            self._judge(view, run, places)
+        self.progress[view.uid] = [run for run, _ in runs]
+        metrics.HUNG_JOBS.labels(view.spec.name, view.spec.namespace).set(sum(1 for run, _ in runs if run.hung))
+        for directory in dirs.values():
+            for name in untrusted_files.list_names(directory, "detections", ".json", MAX_DETECTIONS_PER_PASS):
+                self._collect(view, directory, name)
 
     def runs(self, uid: str) -> builtins.list[state.RunProgress]:
         return self.progress.get(uid, [])
@@ -179,11 +209,16 @@ class HangCollector(Periodic):
         a while contributes nothing (its ranks are unknown, so the run cannot be judged hung)."""
         runs: dict[tuple[str, str], tuple[state.RunProgress, list[Path]]] = {}
         for directory in dirs.values():
-            status = layout.read_json(directory / "status.json") or {}
-            age = now - float(status.get("time") or 0.0)
-            if age > STALE_POLLS * float(status.get("poll_s") or 2.0) + STALE_SLACK_S:
+            status = untrusted_files.read_json(directory, "status.json", MAX_FILE_BYTES) or {}
+            try:
+                age = now - float(status.get("time") or 0.0)
+                stale = age > STALE_POLLS * float(status.get("poll_s") or 2.0) + STALE_SLACK_S
+                listed = status.get("runs") or []
+            except (TypeError, ValueError):
                 continue
-            for run in status.get("runs") or []:
+            if stale or not isinstance(listed, list):
+                continue
+            for run in listed:
                 try:
                     key = (str(run["run_id"]), str(run.get("attempt")))
                     ranks = [state.RankProgress.model_validate(r) for r in run.get("ranks") or []]
@@ -202,7 +237,7 @@ class HangCollector(Periodic):
                             ),
                             [],
                         )
-                except (KeyError, ValueError):
+                except (KeyError, ValueError, TypeError, AttributeError):
                     continue
                 found, places = runs[key]
                 for rank in ranks:
@@ -225,16 +260,16 @@ class HangCollector(Periodic):
         if since and any((r.last_report or 0.0) > since for r in run.ranks):
             count, since = 0, 0.0  # progress since the last hang
         self._hangs[run.run_id] = (count, since)
-        request_id = f"{run.run_id[:12]}-{(run.attempt or '')[:12]}-hang"
-        if verdict is None or request_id in self._requested:
+        made = request_id(run.run_id, run.attempt)
+        if verdict is None or made in self._requested:
             return
         count += 1
         self._hangs[run.run_id] = (count, time.time())
-        self._requested.add(request_id)
         settings = spec_mod.HangwatchSpec(
             action=spec_mod.HangAction(run.action or "notify"),
             max_hang_restarts=run.max_hang_restarts if run.max_hang_restarts is not None else 3,
         )
+        action = detector.action_for(settings, count)
         request = {
             "run_id": run.run_id,
             "attempt": run.attempt,
@@ -244,34 +279,59 @@ class HangCollector(Periodic):
             "last_progress": verdict.last_progress,
             "timeout_s": verdict.timeout_s,
             "hangs_without_progress": count,
-            "action": detector.action_for(settings, count),
+            "action": action,
         }
+        self._requested[made] = action
         for directory in places:
-            layout.write_json(directory / "requests" / f"{request_id}.json", request)
+            try:
+                untrusted_files.write_json(directory, f"requests/{made}.json", request)
+            except OSError as exc:  # a link the node put in the way: that node's agent is not asked
+                log.warning("cannot hand hang request %s to %s: %s", made, directory.name, exc)
+        if action == "fail-job":
+            job = self._job_of(view, run.ray_job_id)
+            if job is None:
+                log.warning("run %s hung too often but its job is unknown; not failing it", run.run_id)
+            else:
+                self._fail_job(view, job, run.run or run.run_id, count, verdict.reason)
 
-    def _collect(self, view: state.ClusterView, path: Path) -> None:
+    def _collect(self, view: state.ClusterView, directory: Path, name: str) -> None:
+        path = directory / "detections" / name
         try:
-            mtime = path.stat().st_mtime
+            mtime = path.lstat().st_mtime
         except OSError:
             return
         if self._seen.get(path) == mtime:
             return
         self._seen[path] = mtime
-        data = layout.read_json(path)
+        data = untrusted_files.read_json(directory, f"detections/{name}", MAX_FILE_BYTES)
         if data is None:
             return
         try:
-            found = from_agent(view, data)
-        except (KeyError, ValueError) as exc:
-            log.warning("ignoring an unreadable hang detection %s: %s", path.name, exc)
+            run_id, attempt = str(data["run_id"]), str(data["attempt"])
+            ray_job_id = data.get("job_id")
+            job = self._job_of(view, ray_job_id if isinstance(ray_job_id, str) else None)
+            count = max(1, int(data.get("hangs_without_progress") or 1))
+            # The action is the control plane's: what it asked for, or what the job's own settings (the cluster's,
+            # with the job's overrides from raypod's record) give for the agent's count of hangs in a row.
+            action = self._requested.get(request_id(run_id, attempt)) or detector.action_for(
+                self._settings(view, job), count
+            )
+            found = from_agent(view, data, job, action)
+        except (KeyError, ValueError, TypeError) as exc:
+            log.warning("ignoring an unreadable hang detection %s: %s", name[:80], exc)
             return
-        if found.job is None:
-            found = found.model_copy(update={"job": self._job_of(view, found.ray_job_id)})
         merged, is_new = self.records.merge(view.uid, found)
         if is_new:  # the first node's file of a run attempt; the others only add their ranks
             self._report(view, merged)
-            if merged.action == "fail-job":
-                self._fail_job(view, merged)
+            if merged.action == "fail-job" and job is not None:
+                self._fail_job(view, job, merged.run or merged.run_id, merged.hangs_without_progress, merged.reason)
+
+    def _settings(self, view: state.ClusterView, job: str | None) -> spec_mod.HangwatchSpec:
+        overrides = None
+        if job is not None:
+            with contextlib.suppress(errors.RaypodError, ValueError):
+                overrides = spec_mod.hang_overrides_from_metadata(self.jobs.records.load(job).spec.metadata)
+        return view.spec.hangwatch.merged(overrides)
 
     def _report(self, view: state.ClusterView, detection: state.HangDetection) -> None:
         name, namespace = view.spec.name, view.spec.namespace
@@ -297,31 +357,37 @@ class HangCollector(Periodic):
             threading.Thread(target=_post_webhook, args=(webhook, view, detection), daemon=True).start()
 
     def _job_of(self, view: state.ClusterView, ray_job_id: str | None) -> str | None:
-        """The raypod job of a Ray job id (a job a plain ``ray job submit`` started carries no raypod metadata)."""
+        """The raypod job of one of this cluster's Ray jobs, from raypod's own records of this cluster: never a
+        job id a file or a submission's metadata names (both are written by the cluster's users)."""
         if not ray_job_id:
             return None
         try:
             submissions = self.jobs.api(view).list()
         except errors.RaypodError:
             return None
-        for info in submissions:
-            if info.get("job_id") == ray_job_id and info.get("submission_id"):
-                metadata = info.get("metadata") or {}
-                return str(metadata.get("raypod_job") or imported_id(view.uid, str(info["submission_id"])))
+        submission = next(
+            (
+                str(info["submission_id"])
+                for info in submissions
+                if info.get("job_id") == ray_job_id and info.get("submission_id")
+            ),
+            None,
+        )
+        if submission is None:
+            return None
+        for job in self.jobs.records.of_cluster(view.spec.namespace, view.spec.name):
+            if any(attempt.submission_id == submission for attempt in job.attempts):
+                return job.id
         return None
 
-    def _fail_job(self, view: state.ClusterView, detection: state.HangDetection) -> None:
-        if detection.job is None:
-            log.warning("run %s hung too often but its job is unknown; not failing it", detection.run_id)
-            return
-        reason = (
-            f"hangwatch: Ray Train run {detection.run or detection.run_id} hung {detection.hangs_without_progress} "
-            f"times with no progress in between: {detection.reason}"
-        )
+    def _fail_job(self, view: state.ClusterView, job: str, run: str, count: int, why: str) -> None:
+        reason = f"hangwatch: Ray Train run {run} hung {count} times with no progress in between: {why}"
         try:
-            self.jobs.fail(detection.job, reason)
+            if self.jobs.records.load(job).status in TERMINAL_STATUSES:
+                return
+            self.jobs.fail(job, reason, view)
         except errors.RaypodError as exc:
-            log.warning("cannot fail job %s after repeated hangs: %s", detection.job, exc)
+            log.warning("cannot fail job %s after repeated hangs: %s", job, exc)
             return
         self.store.record(view, state.EventType.WARNING, "JobFailedHung", reason[:2000], None)
 

@@ -47,6 +47,7 @@ class ClusterService:
         self.authorize(caller, Verb.CREATE, spec.namespace)
         if spec.owner is None or not caller.is_admin:
             spec = spec.model_copy(update={"owner": caller.user})
+        spec = self.admit_spaces(caller, spec.namespace, spec, spec.spaces)
         capacity.check_features(spec, self.backend.features)
         queued, reason = False, ""
         if self.governance is None:
@@ -61,6 +62,36 @@ class ClusterService:
             self.store.record(view, state.EventType.NORMAL, "Queued", f"queued: {reason}")
         self.wake(view.uid)
         return view
+
+    def admit_spaces(
+        self,
+        caller: Principal,
+        namespace: str,
+        spec: spec_mod.ClusterSpec,
+        new: builtins.list[spec_mod.SpaceSpec],
+    ) -> spec_mod.ClusterSpec:
+        """``spec`` with its ``new`` workspaces admitted, whichever route adds them: a name is unique in the
+        namespace (the gateway and the files find a workspace by it), and the owner is the caller unless an
+        admin of the namespace's team (or of the installation) names another.
+
+        Raises:
+            AlreadyExists: a workspace of that name is in the namespace."""
+        if not new:
+            return spec
+        taken = {space.name: view.spec.name for view in self.store.list(namespace) for space in view.spec.spaces}
+        for space in new:
+            if space.name in taken:
+                raise errors.AlreadyExists(
+                    f"workspace '{space.name}' already exists in namespace '{namespace}' (on cluster "
+                    f"{taken[space.name]})"
+                )
+        team = self.identities.namespace_team(namespace)
+        names_owner = caller.is_admin or (team is not None and caller.teams.get(team) is state.Role.ADMIN)
+        admitted = {
+            space.name: space.model_copy(update={"owner": space.owner if names_owner and space.owner else caller.user})
+            for space in new
+        }
+        return spec.model_copy(update={"spaces": [admitted.get(space.name, space) for space in spec.spaces]})
 
     def check_capacity(self, spec: spec_mod.ClusterSpec, *, excluding: str | None = None) -> None:
         """Whether ``spec`` fits beside every other cluster (``excluding`` its own earlier version). Other clusters'

@@ -28,19 +28,14 @@ class SpaceService:
         view = self.clusters.get(caller, namespace, cluster, Verb.OPERATE)
         if view.deleting:
             raise errors.Conflict(f"cluster '{cluster}' is being deleted")
-        found = self._find(namespace, space.name)
-        if found is not None:
-            raise errors.AlreadyExists(
-                f"workspace '{space.name}' already exists in namespace '{namespace}' (on cluster {found.spec.name})"
-            )
+        space = self.clusters.admit_spaces(
+            caller, namespace, view.spec.model_copy(update={"spaces": [space]}), [space]
+        ).spaces[0]
         why = ide.missing(space.kind)
         if space.python_env and why is None:
             why = self._python_env_problem(view, space)
         if why:
             raise errors.InvalidSpec(f"cannot create workspace '{space.name}': {why}")
-        space = space.model_copy(
-            update={"owner": caller.user if space.owner is None or not caller.is_admin else space.owner}
-        )
         self._update(view, [*view.spec.spaces, space], "SpaceCreated", f"workspace {space.name} ({space.kind.value})")
         return self.get(caller, namespace, space.name)
 
@@ -85,7 +80,7 @@ class SpaceService:
         cluster, space = self._owned(caller, namespace, name, Verb.OPERATE)
         self._update(cluster, [s for s in cluster.spec.spaces if s.name != name], "SpaceDeleted", f"workspace {name}")
         if not keep_files:
-            shutil.rmtree(ide.files_dir(self.home, namespace, name).parent, ignore_errors=True)
+            shutil.rmtree(ide.files_dir(self.home, namespace, name, space.owner).parent, ignore_errors=True)
         return _view(cluster, space).model_copy(update={"state": "Deleted"})
 
     # -- internals ---------------------------------------------------------------------------------------

@@ -3,13 +3,17 @@ finding the programs."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.util
 import json
+import os
 import shutil
-import subprocess
+import stat
 import sys
 from pathlib import Path
 
+from raypod import untrusted_files
 from raypod.spec import SpaceKind
 
 # The IDE's own token reaches it in the environment, never on its command line (which every user of the host
@@ -31,41 +35,80 @@ ENV_KERNEL = "raypod-env"  # the kernel of a workspace's own Python environment:
 
 def python_env_problem(python_env: str, ray_version: str) -> str | None:
     """Why the environment cannot run a notebook kernel that is a driver of a cluster on ``ray_version``, or
-    None. Runs its interpreter once."""
+    None. Only reads the environment's package metadata: the directory is the user's (a job may have written
+    it), so nothing in it is run with the server's rights; a kernel that fails later fails inside the node."""
     interpreter = Path(python_env) / "bin" / "python"
-    if not interpreter.is_file():
-        return f"python_env: {interpreter} does not exist (give the directory of a virtual environment)"
-    probe = "import ipykernel, ray; print(ray.__version__)"
-    try:
-        done = subprocess.run([str(interpreter), "-c", probe], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"python_env: {interpreter} does not run ({type(exc).__name__})"
+    if not interpreter.exists():
+        return "python_env: give the directory of a virtual environment that the cluster's nodes can read"
     install = f"{interpreter} -m pip install 'ray[default]=={ray_version}' ipykernel"
-    if done.returncode != 0:
+    versions = installed_versions(Path(python_env), ("ray", "ipykernel"))
+    if "ray" not in versions or "ipykernel" not in versions:
         return f"python_env: {python_env} lacks ipykernel or Ray; install them with: {install}"
-    found = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "?"
-    if found != ray_version:
-        return f"python_env: {python_env} has Ray {found}; the cluster runs {ray_version}: {install}"
+    if versions["ray"] != ray_version:
+        return f"python_env: {python_env} has Ray {versions['ray']}; the cluster runs {ray_version}: {install}"
     return None
+
+
+_MAX_METADATA_BYTES = 1 << 20
+
+
+def installed_versions(environment: Path, names: tuple[str, ...]) -> dict[str, str]:
+    """The versions of ``names`` a virtual environment has, from its ``*.dist-info/METADATA`` files (what pip
+    writes); regular files only, read with a cap."""
+    found: dict[str, str] = {}
+    for site in sorted(environment.glob("lib/python3*/site-packages"))[:4]:
+        for name in names:
+            for info in sorted(site.glob(f"{name}-*.dist-info"))[:4]:
+                version = _metadata_version(info / "METADATA", name)
+                if version is not None:
+                    found.setdefault(name, version)
+    return found
+
+
+def _metadata_version(path: Path, name: str) -> str | None:
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(descriptor, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return None
+        text = handle.read(_MAX_METADATA_BYTES).decode("utf-8", "replace")
+    fields = dict(
+        line.split(": ", 1) for line in text.split("\n\n", 1)[0].splitlines() if ": " in line and line[0] != " "
+    )
+    if fields.get("Name", "").lower().replace("_", "-") != name:
+        return None
+    return fields.get("Version", "").strip() or None
 
 
 def write_env_kernel(root: Path, python_env: str) -> None:
     """The environment's kernel, in the workspace's own Jupyter data directory (its $HOME is ``root``)."""
-    folder = root / ".local" / "share" / "jupyter" / "kernels" / ENV_KERNEL
-    folder.mkdir(parents=True, exist_ok=True)
     spec = {
         "argv": [str(Path(python_env) / "bin" / "python"), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": f"Python ({Path(python_env).name})",
         "language": "python",
         "metadata": {"raypod": {"python_env": python_env}},
     }
-    (folder / "kernel.json").write_text(json.dumps(spec, indent=1))
+    # The files are the workspace's (its kernels write there): written without following a link they planted.
+    untrusted_files.write_bytes(
+        _real(root), f".local/share/jupyter/kernels/{ENV_KERNEL}/kernel.json", json.dumps(spec, indent=1).encode()
+    )
 
 
-def files_dir(home: Path, namespace: str, name: str) -> Path:
-    """A workspace's files: by namespace and name, not by cluster, so they outlive its node, a stop, the
-    cluster, and a move to another cluster."""
-    return home / "spaces" / namespace / name / "files"
+def files_dir(home: Path, namespace: str, name: str, owner: str | None) -> Path:
+    """A workspace's files: by an id of its namespace, name and owner, not by cluster, so they outlive its node, a
+    stop, the cluster, and a move to another cluster; another user who later takes the same name (once the
+    workspace is deleted) gets files of their own, never the first owner's. Files of a workspace made before
+    these ids (by namespace and name) are moved here once, at its next start."""
+    key = hashlib.sha256(f"{namespace}\0{name}\0{owner or ''}".encode()).hexdigest()[:24]
+    current = home / "spaces" / "by-id" / key / "files"
+    legacy = home / "spaces" / namespace / name / "files"
+    if not current.exists() and legacy.is_dir() and not legacy.is_symlink():
+        current.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            legacy.rename(current)
+    return current
 
 
 def command(kind: SpaceKind, port: int, base_path: str, root: Path, python_env: str | None = None) -> list[str]:
@@ -126,7 +169,14 @@ def copy_ca(ca_file: str | None, root: Path) -> Path | None:
     """raypod's CA certificate (public) into the workspace's files, where its node can read it."""
     if not ca_file or not Path(ca_file).is_file():
         return None
-    target = root / ".raypod" / "ca.crt"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(ca_file, target)
-    return target
+    try:
+        untrusted_files.write_bytes(_real(root), ".raypod/ca.crt", Path(ca_file).read_bytes(), mode=0o644)
+    except OSError:
+        return None  # a link or a file the workspace put in the way: the SDK then trusts the system's CAs
+    return root / ".raypod" / "ca.crt"
+
+
+def _real(root: Path) -> Path:
+    """A workspace's files folder with raypod's home resolved: the folder itself is raypod's (a link inside it
+    is not followed)."""
+    return Path(os.path.realpath(root.parent)) / root.name

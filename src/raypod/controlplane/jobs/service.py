@@ -110,10 +110,15 @@ class JobService:
                 self.api(view).stop(job.attempts[-1].submission_id)
         return self.records.load(job_id)
 
-    def fail(self, job_id: str, reason: str) -> state.JobView:
-        """Fail a job for a reason raypod found (a run that hangs again and again): its attempt is stopped on Ray
-        and never retried, and the reason is the attempt's message."""
+    def fail(self, job_id: str, reason: str, cluster: state.ClusterView) -> state.JobView:
+        """Fail a job of ``cluster`` for a reason raypod found there (a run that hangs again and again): its
+        attempt is stopped on Ray and never retried, and the reason is the attempt's message.
+
+        Raises:
+            NotFound: no such job on that cluster (what one cluster reports never touches another's jobs)."""
         job = self.records.load(job_id)
+        if (job.namespace, job.cluster) != (cluster.spec.namespace, cluster.spec.name):
+            raise errors.NotFound(f"job {job_id} not found on cluster {cluster.spec.namespace}/{cluster.spec.name}")
         if job.status in TERMINAL_STATUSES:
             return job
         self.records.request_stop(job_id)

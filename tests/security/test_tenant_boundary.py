@@ -1,0 +1,272 @@
+"""One test per finding of the tenant-boundary review (issue 28), named after the attack, in-process with the fake
+backend (what a node's processes can write is written by the test, as a job on the node would). The attacks on the
+local backend's sandbox and environment are in test_node_privileges.py; those through the gateway's origins in
+test_origins.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+from raypod import untrusted_files
+from raypod.capabilities.hangwatch import layout
+from raypod.capabilities.spaces import ide
+from tests.security.conftest import App
+from tests.security.test_attacks import wait_ready
+
+
+def wait_for(check: Any, what: str, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# -- 1. nothing a user supplies runs in the server ----------------------------------------------------------------
+
+
+def fake_env(root: Path, marker: Path, *, ray: str | None, ipykernel: bool) -> Path:
+    """A directory a job could have written: a ``bin/python`` that records who ran it, and package metadata."""
+    (root / "bin").mkdir(parents=True)
+    python = root / "bin" / "python"
+    python.write_text(f"#!/bin/sh\nid -u > {marker}\necho 2.60.0\n")
+    python.chmod(0o755)
+    site = root / "lib" / "python3.11" / "site-packages"
+    for name, version in (("ray", ray), ("ipykernel", "7.0.0" if ipykernel else None)):
+        if version is not None:
+            (site / f"{name}-{version}.dist-info").mkdir(parents=True)
+            (site / f"{name}-{version}.dist-info" / "METADATA").write_text(
+                f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\nbody\n"
+            )
+    return root
+
+
+def test_a_workspace_python_env_is_inspected_never_run_by_the_server(app: App, tmp_path: Path) -> None:
+    app.cluster("train", owner="alice")
+    wait_ready(app, "ml", "train")
+    marker = tmp_path / "ran-as"
+    bare = fake_env(tmp_path / "bare", marker, ray=None, ipykernel=False)
+    body = {"name": "nb", "cluster": "train", "python_env": str(bare)}
+    refused = app.http.post("/api/v1/namespaces/ml/spaces", json=body, headers=app.as_("alice"))
+    assert refused.status_code == 422 and "lacks ipykernel or Ray" in refused.json()["message"]
+    ray_version = app.http.get("/api/v1/namespaces/ml/clusters/train", headers=app.as_("alice")).json()["spec"][
+        "ray_version"
+    ]
+    good = fake_env(tmp_path / "good", marker, ray=ray_version, ipykernel=True)
+    body["python_env"] = str(good)
+    created = app.http.post("/api/v1/namespaces/ml/spaces", json=body, headers=app.as_("alice"))
+    assert created.status_code == 201, created.text
+    other = fake_env(tmp_path / "old", marker, ray="2.1.0", ipykernel=True)
+    body.update(name="nb2", python_env=str(other))
+    older = app.http.post("/api/v1/namespaces/ml/spaces", json=body, headers=app.as_("alice"))
+    assert older.status_code == 422 and "has Ray 2.1.0" in older.json()["message"]
+    assert not marker.exists(), "the server ran the environment's interpreter"
+
+
+def test_a_python_env_check_does_not_tell_which_server_paths_exist(app: App, tmp_path: Path) -> None:
+    app.cluster("train", owner="alice")
+    wait_ready(app, "ml", "train")
+    answers = []
+    for path in ("/etc", "/no/such/dir"):
+        body = {"name": "nb", "cluster": "train", "python_env": path}
+        answers.append(app.http.post("/api/v1/namespaces/ml/spaces", json=body, headers=app.as_("alice")).json())
+    assert answers[0]["message"] == answers[1]["message"]
+
+
+# -- 3. hang files are untrusted data -----------------------------------------------------------------------------
+
+
+RUN, ATTEMPT = "f" * 32, "a" * 16
+
+
+def detection(job: str | None, action: str, *, ray_job: str = "02000000") -> dict[str, Any]:
+    now = time.time()
+    return {
+        "run_id": RUN,
+        "run": "demo",
+        "attempt": ATTEMPT,
+        "job_id": ray_job,
+        "raypod_job": job,
+        "kind": "hang",
+        "reason": "no progress",
+        "detected_at": now,
+        "action": action,
+        "hangs_without_progress": 9,
+        "ranks": [{"rank": 0, "node": "cpu-0", "pid": 10, "reports": 1, "last_report": now - 30}],
+    }
+
+
+def hangwatch_dirs(app: App, tmp_path: Path, namespace: str, name: str) -> dict[str, Path]:
+    uid = app.http.get(f"/api/v1/namespaces/{namespace}/clusters/{name}", headers=app.as_("admin")).json()["uid"]
+    dirs = {"cpu-0": tmp_path / name / "n0"}
+    dirs["cpu-0"].mkdir(parents=True)
+    app.backend.hangwatch_roots[uid] = dirs
+    return dirs
+
+
+def other_team_cluster(app: App) -> None:
+    body = {"name": "theirs", "namespace": "other", "worker_groups": [{"name": "cpu", "replicas": 0}]}
+    assert app.http.post("/api/v1/clusters", json=body, headers=app.as_("dave")).status_code == 202
+    wait_ready(app, "other", "theirs")
+
+
+def test_a_detection_file_on_one_teams_cluster_cannot_fail_another_teams_job(app: App, tmp_path: Path) -> None:
+    app.cluster("train", owner="alice")
+    wait_ready(app, "ml", "train")
+    other_team_cluster(app)
+    job = app.http.post(
+        "/api/v1/namespaces/ml/clusters/train/jobs", json={"entrypoint": "python t.py"}, headers=app.as_("alice")
+    ).json()
+    theirs = hangwatch_dirs(app, tmp_path, "other", "theirs")
+    layout.write_json(layout.detections_dir(theirs["cpu-0"]) / "d.json", detection(job["id"], "fail-job"))
+    wait_for(
+        lambda: app.http.get("/api/v1/namespaces/other/clusters/theirs/hangs", headers=app.as_("dave")).json(),
+        "the detection recorded",
+    )
+    recorded = app.http.get("/api/v1/namespaces/other/clusters/theirs/hangs", headers=app.as_("dave")).json()
+    assert recorded[0]["job"] is None and recorded[0]["action"] == "notify"
+    assert app.http.get(f"/api/v1/jobs/{job['id']}", headers=app.as_("alice")).json()["status"] != "FAILED"
+
+
+def test_a_detection_file_names_no_job_and_no_action_even_on_its_own_cluster(app: App, tmp_path: Path) -> None:
+    app.cluster("train", owner="alice")
+    wait_ready(app, "ml", "train")
+    job = app.http.post(
+        "/api/v1/namespaces/ml/clusters/train/jobs", json={"entrypoint": "python t.py"}, headers=app.as_("alice")
+    ).json()
+    ours = hangwatch_dirs(app, tmp_path, "ml", "train")
+    layout.write_json(layout.detections_dir(ours["cpu-0"]) / "d.json", detection(job["id"], "fail-job"))
+    found = wait_for(
+        lambda: app.http.get("/api/v1/namespaces/ml/clusters/train/hangs", headers=app.as_("alice")).json(),
+        "the detection recorded",
+    )
+    assert found[0]["action"] == "notify"
+    assert app.http.get(f"/api/v1/jobs/{job['id']}", headers=app.as_("alice")).json()["status"] != "FAILED"
+
+
+def test_jobs_fail_refuses_a_job_of_another_cluster(app: App) -> None:
+    app.cluster("train", owner="alice")
+    wait_ready(app, "ml", "train")
+    other_team_cluster(app)
+    job = app.http.post(
+        "/api/v1/namespaces/ml/clusters/train/jobs", json={"entrypoint": "python t.py"}, headers=app.as_("alice")
+    ).json()
+    jobs = app.http.app.state.jobs  # type: ignore[attr-defined]
+    theirs = app.http.app.state.clusters.store.get("other", "theirs")  # type: ignore[attr-defined]
+    try:
+        jobs.fail(job["id"], "forged", theirs)
+    except Exception as exc:  # the refusal is the point
+        assert "not found on cluster other/theirs" in str(exc)
+    else:
+        raise AssertionError("a job of ml/train was failed for other/theirs")
+    assert app.http.get(f"/api/v1/jobs/{job['id']}", headers=app.as_("alice")).json()["status"] != "FAILED"
+
+
+def test_bad_hang_files_never_stop_the_pass_for_other_clusters(app: App, tmp_path: Path) -> None:
+    app.cluster("bad", owner="alice")  # ml/bad is collected before other/theirs
+    wait_ready(app, "ml", "bad")
+    other_team_cluster(app)
+    bad = hangwatch_dirs(app, tmp_path, "ml", "bad")["cpu-0"]
+    (bad / "status.json").write_text(json.dumps({"time": "x", "runs": "nope"}))
+    layout.detections_dir(bad).mkdir()
+    (layout.detections_dir(bad) / "big.json").write_bytes(b" " * (5 * 2**20) + b"{}")
+    (layout.detections_dir(bad) / "list.json").write_text("[1, 2]")
+    (layout.detections_dir(bad) / "types.json").write_text(json.dumps({**detection(None, "x"), "ranks": 5}))
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps({**detection(None, "notify"), "reason": "the server's secret"}))
+    (layout.detections_dir(bad) / "link.json").symlink_to(secret)
+    theirs = hangwatch_dirs(app, tmp_path, "other", "theirs")["cpu-0"]
+    layout.write_json(layout.detections_dir(theirs) / "d.json", detection(None, "notify"))
+    wait_for(
+        lambda: app.http.get("/api/v1/namespaces/other/clusters/theirs/hangs", headers=app.as_("dave")).json(),
+        "the other cluster's detection",
+    )
+    assert app.http.get("/api/v1/namespaces/ml/clusters/bad/hangs", headers=app.as_("alice")).json() == []
+
+
+def hung_status(world_size: int = 1) -> dict[str, Any]:
+    now = time.time()
+    rank = {"rank": 0, "node": "cpu-0", "pid": 10, "reports": 4, "last_report": now - 60, "stalled_s": 30.0}
+    run = {"run_id": RUN, "attempt": ATTEMPT, "job_id": "02000000", "world_size": world_size, "enabled": True}
+    return {"time": now, "poll_s": 0.2, "runs": [{**run, "ranks": [{**rank, "timeout_s": 20.0}]}]}
+
+
+def test_the_server_writes_no_hang_request_through_a_link_a_job_planted(app: App, tmp_path: Path) -> None:
+    app.cluster("train", owner="alice")
+    wait_ready(app, "ml", "train")
+    node = hangwatch_dirs(app, tmp_path, "ml", "train")["cpu-0"]
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (node / "requests").symlink_to(target)
+    layout.write_json(node / "status.json", hung_status())
+    wait_for(
+        lambda: any(
+            r["hung"]
+            for r in app.http.get("/api/v1/namespaces/ml/clusters/train/training", headers=app.as_("alice")).json()
+        ),
+        "the run judged hung",
+    )
+    (node / "requests").unlink()
+    layout.write_json(node / "status.json", {**hung_status(), "runs": [{**hung_status()["runs"][0], "attempt": "b"}]})
+    wait_for(lambda: list((node / "requests").glob("*.json")), "a request written where it belongs")
+    assert list(target.iterdir()) == []
+
+
+def test_untrusted_files_follow_no_link_and_read_no_oversized_file(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "a.json").write_text('{"a": 1}')
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert untrusted_files.read_json(tmp_path, "real/a.json", 100) == {"a": 1}
+    assert untrusted_files.read_json(tmp_path, "link/a.json", 100) is None
+    assert untrusted_files.read_json(tmp_path, "real/a.json", 4) is None
+    assert untrusted_files.list_names(tmp_path, "link", ".json", 10) == []
+    untrusted_files.write_json(tmp_path, "fresh/r.json", {"a": 1})
+    assert stat.S_IMODE(os.stat(tmp_path / "fresh").st_mode) == 0o700
+    assert untrusted_files.read_json(tmp_path, "fresh/r.json", 100) == {"a": 1}
+
+
+# -- 4. workspace identity ----------------------------------------------------------------------------------------
+
+
+def test_a_cluster_create_cannot_take_another_users_workspace_name(app: App) -> None:
+    body = {"name": "nb", "cluster": "train"}
+    app.cluster("train", owner="alice")
+    wait_ready(app, "ml", "train")
+    assert app.http.post("/api/v1/namespaces/ml/spaces", json=body, headers=app.as_("alice")).status_code == 201
+    hijack = {
+        "name": "mine",
+        "namespace": "ml",
+        "worker_groups": [{"name": "cpu", "replicas": 0}],
+        "spaces": [{"name": "nb", "owner": "bob"}],
+    }
+    refused = app.http.post("/api/v1/clusters", json=hijack, headers=app.as_("bob"))
+    assert refused.status_code == 409 and "already exists" in refused.json()["message"]
+    assert app.http.get("/api/v1/namespaces/ml/spaces/nb", headers=app.as_("alice")).json()["cluster"] == "train"
+
+
+def test_a_workspaces_owner_is_its_creator_unless_an_admin_names_one(app: App) -> None:
+    spec = {
+        "name": "bobs",
+        "namespace": "ml",
+        "worker_groups": [{"name": "cpu", "replicas": 0}],
+        "spaces": [{"name": "nb-b", "owner": "alice"}],
+    }
+    assert app.http.post("/api/v1/clusters", json=spec, headers=app.as_("bob")).status_code == 202
+    assert app.http.get("/api/v1/namespaces/ml/spaces/nb-b", headers=app.as_("bob")).json()["owner"] == "bob"
+    spec.update(name="carols", spaces=[{"name": "nb-c", "owner": "alice"}])
+    assert app.http.post("/api/v1/clusters", json=spec, headers=app.as_("carol")).status_code == 202
+    assert app.http.get("/api/v1/namespaces/ml/spaces/nb-c", headers=app.as_("alice")).json()["owner"] == "alice"
+
+
+def test_workspace_files_are_keyed_by_an_id_not_by_a_name_another_user_can_reuse(tmp_path: Path) -> None:
+    alices = ide.files_dir(tmp_path, "ml", "nb", "alice")
+    bobs = ide.files_dir(tmp_path, "ml", "nb", "bob")
+    assert alices != bobs and alices == ide.files_dir(tmp_path, "ml", "nb", "alice")
+    assert "nb" not in alices.relative_to(tmp_path).parts
