@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -103,6 +104,14 @@ def _choice_env(name: str, choices: tuple[str, ...], default: str) -> str:
     return raw
 
 
+def _names_env(name: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in os.environ.get(name, "").split(",") if part.strip())
+    bad = [n for n in names if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", n) or n.startswith(("RAYPOD_", "RAY_"))]
+    if bad:
+        raise errors.InvalidSpec(f"{name}: '{bad[0]}' is not a variable name a node may inherit")
+    return names
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything the server needs; every field has an environment variable (see docs/configuration.md)."""
@@ -129,6 +138,9 @@ class Settings:
     max_upload_bytes: int = 100 * 2**20
     # Local backend: "auto" runs nodes in their own mount and PID namespaces when the host allows it; "off" never.
     isolation: str = "auto"
+    # Local backend: names of the server's environment variables that nodes inherit beyond the fixed allow-list
+    # (PATH, HOME, LANG, LC_*, TZ, TMPDIR...): an operator's choice, e.g. a proxy for every cluster.
+    node_env_passthrough: tuple[str, ...] = ()
     fast_health_checks: bool = True
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -162,6 +174,7 @@ class Settings:
             "max_json_body_bytes": int(_float_env("RAYPOD_MAX_JSON_BODY_BYTES", 2**20)),
             "max_upload_bytes": int(_float_env("RAYPOD_MAX_UPLOAD_BYTES", 100 * 2**20)),
             "isolation": _choice_env("RAYPOD_ISOLATION", ("auto", "off"), "auto"),
+            "node_env_passthrough": _names_env("RAYPOD_NODE_ENV_PASSTHROUGH"),
             "priority_classes": _priority_classes(os.environ.get("RAYPOD_PRIORITY_CLASSES")),
             "pool_cpus": _optional_float_env("RAYPOD_POOL_CPUS"),
             "pool_memory": _optional_int(_optional_float_env("RAYPOD_POOL_MEMORY")),

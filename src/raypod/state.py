@@ -217,6 +217,7 @@ class TokenInfo(BaseModel):
     created_at: datetime
     expires_at: datetime | None = None
     revoked_at: datetime | None = None
+    parent: str | None = Field(None, description="The token it was made with: it ends no later, and with it.")
 
 
 class CreatedToken(TokenInfo):

@@ -270,3 +270,35 @@ def test_workspace_files_are_keyed_by_an_id_not_by_a_name_another_user_can_reuse
     bobs = ide.files_dir(tmp_path, "ml", "nb", "bob")
     assert alices != bobs and alices == ide.files_dir(tmp_path, "ml", "nb", "alice")
     assert "nb" not in alices.relative_to(tmp_path).parts
+
+
+# -- 6. token lineage ---------------------------------------------------------------------------------------------
+
+
+def test_a_token_made_by_a_sessions_token_cannot_outlive_it_nor_survive_its_revocation(app: App) -> None:
+    csrf = app.login(app.tokens["alice"])
+    headers = {"x-csrf-token": csrf, "Sec-Fetch-Site": "same-origin"}
+    day = app.http.post("/api/v1/tokens", json={"name": "day", "ttl_seconds": 86000}, headers=headers)
+    assert day.status_code == 201, day.text
+    app.http.cookies.clear()
+    child = {"Authorization": f"Bearer {day.json()['token']}"}
+    forever = app.http.post("/api/v1/tokens", json={"name": "forever", "ttl_seconds": None}, headers=child)
+    assert forever.status_code == 422 and "expires by" in forever.json()["message"]
+    week = app.http.post("/api/v1/tokens", json={"name": "week", "ttl_seconds": 7 * 86400}, headers=child)
+    assert week.status_code == 422
+    hour = app.http.post("/api/v1/tokens", json={"name": "hour", "ttl_seconds": 3600}, headers=child)
+    assert hour.status_code == 201 and hour.json()["parent"] == day.json()["id"]
+    grandchild = {"Authorization": f"Bearer {hour.json()['token']}"}
+    assert app.http.get("/api/v1/whoami", headers=grandchild).status_code == 200
+    alices_token = app.tokens["alice"].split("_")[1]
+    assert app.http.delete(f"/api/v1/tokens/{alices_token}", headers=app.as_("admin")).status_code == 200
+    for descendant in (child, grandchild):
+        assert app.http.get("/api/v1/whoami", headers=descendant).status_code == 401
+
+
+def test_a_member_cannot_mint_or_revoke_another_users_token(app: App) -> None:
+    minted = app.http.post("/api/v1/tokens", json={"name": "x", "user": "bob"}, headers=app.as_("alice"))
+    assert minted.status_code == 403
+    bobs = app.tokens["bob"].split("_")[1]
+    assert app.http.delete(f"/api/v1/tokens/{bobs}", headers=app.as_("alice")).status_code in (403, 404)
+    assert app.http.get("/api/v1/whoami", headers=app.as_("bob")).status_code == 200

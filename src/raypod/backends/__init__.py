@@ -11,7 +11,12 @@ from raypod.backends import base
 def _local(settings: config.Settings) -> base.Backend:
     from raypod.backends.local import LocalBackend
 
-    return LocalBackend(settings.home, fast_health_checks=settings.fast_health_checks, isolation=settings.isolation)
+    return LocalBackend(
+        settings.home,
+        fast_health_checks=settings.fast_health_checks,
+        isolation=settings.isolation,
+        env_passthrough=settings.node_env_passthrough,
+    )
 
 
 def _fake(settings: config.Settings) -> base.Backend:

@@ -28,6 +28,7 @@ def run_command(
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
     max_output: int = MAX_OUTPUT_BYTES,
+    pass_fds: tuple[int, ...] = (),
 ) -> CommandResult:
     """Run a command in its own process group; kill the group at the timeout. Output past ``max_output`` is read
     and dropped, so a chatty command neither blocks on a full pipe nor fills memory."""
@@ -41,6 +42,7 @@ def run_command(
         cwd=cwd,
         start_new_session=True,
         close_fds=True,
+        pass_fds=pass_fds,
     )
     kept = bytearray()
 

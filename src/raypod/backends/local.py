@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ import psutil
 
 from raypod import config, errors, state, untrusted_files
 from raypod import spec as spec_mod
-from raypod.backends import _ports, base, commands, ray_jobs
+from raypod.backends import _ports, base, commands, privileged, ray_jobs
 from raypod.capabilities.governance import notice as governance_notice
 from raypod.capabilities.hangwatch import layout as hangwatch_layout  # a leaf module: paths and names only
 from raypod.capabilities.spaces import ide as space_ide
@@ -48,7 +48,6 @@ REDIS_NODE = "_redis"  # the marker of the Redis process: names that start with 
 KV_REDIS_NODE = "_kvredis"
 KV_URL_FILE = "kv-l2-url"
 NODE_PYTHON_DIR = str(Path(__file__).parent / "node_python")
-UNSHARE = ("unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private")
 NODE_MARKER = "RAYPOD_NODE_NAME"
 INCARNATION_LABEL = "raypod.io/incarnation"
 HEAD_OVERHEAD_BYTES = 1800 * 2**20
@@ -130,8 +129,16 @@ class _NodeRecord:
 class LocalBackend:
     """Runs Ray nodes as local process trees; several clusters coexist without port clashes."""
 
-    def __init__(self, home: Path, *, fast_health_checks: bool = True, isolation: str = "auto") -> None:
+    def __init__(
+        self,
+        home: Path,
+        *,
+        fast_health_checks: bool = True,
+        isolation: str = "auto",
+        env_passthrough: tuple[str, ...] = (),
+    ) -> None:
         self.home = home
+        self.env_passthrough = env_passthrough
         self.root = home / "local"
         self.root.mkdir(parents=True, exist_ok=True)
         self.fast_health_checks = fast_health_checks
@@ -368,10 +375,16 @@ class LocalBackend:
                 binds.append(str(files))
             node_dir = self._cluster_dir(cluster_id) / "nodes"
             log = open(node_dir / f"{node.name}.log", "ab")  # noqa: SIM115 - handed to the child
+            launch = self._sandboxed(
+                cluster,
+                self._command(cluster_id, cluster, record, node),
+                self._environment(cluster_id, node, record),
+                binds,
+            )
             try:
                 child = subprocess.Popen(
-                    self._sandboxed(cluster, self._command(cluster_id, cluster, record, node), binds),
-                    env=self._environment(cluster_id, node, record),
+                    launch.argv,
+                    env=launch.env,
                     # Not the server's working directory: a sandboxed node may not see it, and Python's spawned
                     # subprocesses (the dashboard's modules) die at start when they cannot enter it.
                     cwd=cluster.temp_dir,
@@ -380,11 +393,13 @@ class LocalBackend:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     close_fds=True,
+                    pass_fds=launch.pass_fds,
                 )
             except OSError as exc:
                 raise errors.PermanentError(f"cannot start node {node.name}: {exc}") from exc
             finally:
                 log.close()
+                launch.close()
             self._children[child.pid] = child
             record.pid = child.pid
             record.create_time = _create_time(child.pid)
@@ -458,9 +473,10 @@ class LocalBackend:
         if record.hangwatch_pid and _process_matches(record.hangwatch_pid, record.hangwatch_create_time):
             return
         try:
-            environment = psutil.Process(record.pid).environ()
-            argv = self._as_node(
-                record, [sys.executable, "-m", "raypod.capabilities.hangwatch.agent", record.hangwatch_dir]
+            launch = self._as_node(
+                record,
+                self._node_environment(record),
+                [sys.executable, "-m", "raypod.capabilities.hangwatch.agent", record.hangwatch_dir],
             )
         except (psutil.Error, errors.RaypodError):
             return  # the node is starting or stopping: next pass
@@ -468,23 +484,27 @@ class LocalBackend:
             log.warning("hangwatch agent of node %s exited; starting it again", record.name)
         # Its log is beside the node's, in raypod's own directory: the hangwatch directory is the node's to change.
         log_path = self._cluster_dir(cluster_id) / "nodes" / f"{record.name}.hangwatch.log"
-        pid = self._start_sidecar(argv, environment, "/", log_path)
+        pid = self._start_sidecar(launch, "/", log_path)
         record.hangwatch_pid, record.hangwatch_create_time = pid, _create_time(pid)
         self._write_node(cluster_id, record)
 
-    def _start_sidecar(self, argv: list[str], environment: dict[str, str], cwd: str, log_path: Path) -> int:
+    def _start_sidecar(self, launch: privileged.Launch, cwd: str, log_path: Path) -> int:
         """A process beside a node (its hangwatch agent, its IDE), in a session of its own; its pid."""
-        with open(log_path, "ab") as output:
-            child = subprocess.Popen(
-                argv,
-                env=environment,
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-            )
+        try:
+            with open(log_path, "ab") as output:
+                child = subprocess.Popen(
+                    launch.argv,
+                    env=launch.env,
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                    pass_fds=launch.pass_fds,
+                )
+        finally:
+            launch.close()
         self._children[child.pid] = child
         return child.pid
 
@@ -498,7 +518,7 @@ class LocalBackend:
         where = config.read_credentials()  # the server's address and CA; its token is not for the node
         try:
             environment = space_ide.environment(
-                psutil.Process(record.pid).environ(),
+                self._node_environment(record),
                 kind,
                 self.space_token(cluster_id, record.name),
                 files,
@@ -507,13 +527,13 @@ class LocalBackend:
                 space_ide.copy_ca(where.get("ca_file"), files),
             )
             ide = space_ide.command(kind, record.ide_port, record.space_path, files, record.space_python_env or None)
-            argv = self._as_node(record, ide)
+            launch = self._as_node(record, environment, ide)
         except (psutil.Error, errors.RaypodError):
             return  # the node is starting or stopping: next pass
         if record.ide_pid:
             log.warning("the IDE of workspace node %s exited; starting it again", record.name)
         log_path = self._cluster_dir(cluster_id) / "nodes" / f"{record.name}.ide.log"
-        pid = self._start_sidecar(argv, environment, str(files), log_path)
+        pid = self._start_sidecar(launch, str(files), log_path)
         record.ide_pid, record.ide_create_time = pid, _create_time(pid)
         self._write_node(cluster_id, record)
 
@@ -553,11 +573,16 @@ class LocalBackend:
         if record is None or not _is_alive(record):
             raise errors.NotFound(f"node {name} is not running")
         try:
-            environment = psutil.Process(record.pid).environ()
+            environment = self._node_environment(record)
         except (psutil.NoSuchProcess, psutil.AccessDenied) as exc:
             raise errors.NotFound(f"node {name} is not running") from exc
-        argv = self._as_node(record, ["/bin/sh", "-c", command])
-        return commands.run_command(argv, timeout_s=timeout_s, env=environment, cwd="/")
+        launch = self._as_node(record, environment, ["/bin/sh", "-c", command])
+        try:
+            return commands.run_command(
+                launch.argv, timeout_s=timeout_s, env=launch.env, cwd="/", pass_fds=launch.pass_fds
+            )
+        finally:
+            launch.close()
 
     def release(self, cluster_id: str) -> None:
         _stop_processes(lambda: [p for ps in _processes_by_node(cluster_id).values() for p in ps], 0.0)
@@ -604,23 +629,20 @@ class LocalBackend:
 
     # -- processes -----------------------------------------------------------------------------------------
 
-    def _sandboxed(self, cluster: _ClusterRecord, command: list[str], binds: list[str] | None = None) -> list[str]:
+    def _sandboxed(
+        self, cluster: _ClusterRecord, command: list[str], environment: dict[str, str], binds: list[str] | None = None
+    ) -> privileged.Launch:
         """Run a node in its own mount and PID namespace, without capabilities, when the host allows it: the
         node (and every job on it) sees a fresh temporary directory holding only its cluster's, an empty
-        $RAYPOD_HOME, and only its own processes; without capabilities it cannot undo the mounts."""
+        $RAYPOD_HOME, and only its own processes; without capabilities it cannot undo the mounts. The helpers
+        that build the sandbox run as root with a fixed environment; ``environment`` reaches the node's command
+        only after the capabilities are gone (``privileged``)."""
         if not self.sandbox:
-            return command
+            return privileged.Launch(command, environment)
         Path(cluster.temp_dir).mkdir(parents=True, exist_ok=True)
         temp_root = os.path.realpath(tempfile.gettempdir())
         keep = _installation_dirs_under(temp_root)
-        return [
-            *UNSHARE,
-            "--kill-child=SIGTERM",
-            "--",
-            sys.executable,
-            "-I",
-            "-S",
-            str(Path(__file__).with_name("sandbox.py")),
+        setup = [
             cluster.temp_dir,
             temp_root,
             str(self.home.resolve()),
@@ -628,9 +650,8 @@ class LocalBackend:
             *keep,
             str(len(binds or [])),
             *(binds or []),
-            "--",
-            *command,
         ]
+        return privileged.sandboxed(setup, environment, command, _markers(environment))
 
     def _command(
         self, cluster_id: str, cluster: _ClusterRecord, record: _NodeRecord, node: spec_mod.NodeSpec
@@ -673,7 +694,9 @@ class LocalBackend:
         return command
 
     def _environment(self, cluster_id: str, node: spec_mod.NodeSpec, record: _NodeRecord) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAYPOD_", "RAY_ADDRESS"))}
+        """From an allow-list of the server's variables (``node_environment``), never the server's whole
+        environment (its cloud keys, its hub tokens); then raypod's, the spec's ``env``, and the node's own."""
+        env = node_environment(os.environ, self.env_passthrough)
         # `python` in a job's entrypoint is the interpreter Ray runs on (as in a Ray image), even when raypod was
         # started from a virtual environment that is not activated.
         interpreter_bin = str(Path(sys.executable).parent)
@@ -712,18 +735,25 @@ class LocalBackend:
             if child.poll() is not None:
                 del self._children[pid]
 
-    def _as_node(self, record: _NodeRecord, argv: list[str]) -> list[str]:
-        """``argv`` run as the node runs: inside its mount and PID namespaces, without capabilities, when nodes
-        are sandboxed (it sees the node's files and process ids, and can do no more than the node).
+    def _as_node(self, record: _NodeRecord, environment: dict[str, str], argv: list[str]) -> privileged.Launch:
+        """``argv`` run as the node runs, with ``environment``: inside its mount and PID namespaces, without
+        capabilities, when nodes are sandboxed (it sees the node's files and process ids, and can do no more than
+        the node; the helpers that enter the namespaces never see ``environment``).
 
         Raises:
             TransientError: the node is still starting. NotFound: it is not running.
         """
         if not self.sandbox:
-            return argv
-        drop = ["--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs"]
-        inside = self._inside_pid(record)
-        return ["nsenter", f"--target={inside}", "--mount", "--pid", "--", "setpriv", *drop, "--", *argv]
+            return privileged.Launch(argv, environment)
+        return privileged.in_namespaces_of(self._inside_pid(record), environment, argv, _markers(environment))
+
+    def _node_environment(self, record: _NodeRecord) -> dict[str, str]:
+        """The environment the node's command started with (read back from the process: what the node's spec and
+        raypod gave it). Raises psutil.Error when it is not running."""
+        environment = dict(psutil.Process(self._inside_pid(record) if self.sandbox else record.pid).environ())
+        if "RAY_AUTH_TOKEN" not in environment:
+            raise errors.TransientError(f"node {record.name} is still starting")  # the sandbox's helpers run
+        return environment
 
     def _inside_pid(self, record: _NodeRecord) -> int:
         """A process inside a sandboxed node's namespaces: the first child of its ``unshare`` (found once; a
@@ -949,6 +979,26 @@ class LocalBackend:
         return reserved
 
 
+# The server's variables a node inherits: what a program needs to run as a login shell's would. Anything else
+# (AWS_*, HF_TOKEN, proxies) reaches a node only through a cluster's ``env`` or the operator's
+# RAYPOD_NODE_ENV_PASSTHROUGH (docs/security.md).
+NODE_ENV_ALLOWED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "LANGUAGE", "TZ", "TMPDIR")
+
+
+def _markers(environment: Mapping[str, str]) -> dict[str, str]:
+    """The variables by which raypod finds a node's processes (its own names, not secrets)."""
+    return {name: environment[name] for name in (CLUSTER_MARKER, NODE_MARKER) if name in environment}
+
+
+def node_environment(server: Mapping[str, str], passthrough: Iterable[str] = ()) -> dict[str, str]:
+    allowed = {*NODE_ENV_ALLOWED, *passthrough}
+    return {
+        name: value
+        for name, value in server.items()
+        if (name in allowed or name.startswith("LC_")) and not name.startswith(("RAYPOD_", "RAY_"))
+    }
+
+
 def ray_auth_environment(token: str) -> dict[str, str]:
     """Ray's token authentication: every Ray port (dashboard, GCS and raylet gRPC) rejects requests without it."""
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
@@ -1161,16 +1211,19 @@ def _sandbox_available() -> tuple[bool, str]:
     """Whether nodes can run in their own mount and PID namespaces here (root, util-linux, namespaces allowed)."""
     if os.geteuid() != 0:
         return False, "the server does not run as root"
-    if not (shutil.which("unshare") and shutil.which("setpriv") and Path("/run").is_dir()):
-        return False, "util-linux's unshare and setpriv are not installed"
+    if not (privileged.available("unshare", "setpriv", "nsenter", "mount") and Path("/run").is_dir()):
+        return False, "util-linux's unshare, nsenter, setpriv and mount are not installed"
+    mount, setpriv = privileged.helper("mount"), privileged.helper("setpriv")
     probe = subprocess.run(
         [
-            *UNSHARE,
+            privileged.helper("unshare"),
+            *privileged.UNSHARE_FLAGS,
             "--",
             "/bin/sh",
             "-c",
-            "mount -t tmpfs tmpfs /run && setpriv --bounding-set=-all -- true",
+            f"{mount} -t tmpfs tmpfs /run && {setpriv} --bounding-set=-all -- true",
         ],
+        env=privileged.FIXED_ENVIRONMENT,
         capture_output=True,
         timeout=10,
         check=False,

@@ -10,22 +10,45 @@ It runs as a plain script (``python -I -S sandbox.py``, the standard library onl
 3. covers raypod's home with an empty read-only tmpfs (when it is still visible);
 4. puts back, writable and at the same paths, the directories given to bind (a workspace's files, which live in
    raypod's home);
-5. drops every capability (``setpriv``) and execs the node's command, so nothing in the node can undo the mounts.
+5. execs COMMAND: ``setpriv`` by absolute path, which drops every capability, so nothing in the node can undo
+   the mounts, and then ``sandbox.py exec``.
+
+``sandbox.py exec FD -- COMMAND ...`` is that last step: it runs without capabilities, reads the node's
+environment from the descriptor FD (see ``privileged.py``) and execs the node's own command with it. Everything
+before it runs with the fixed environment the server gave, never with anything from a user's spec.
 
 Usage: sandbox.py CLUSTER_DIR TEMP_ROOT RAYPOD_HOME N KEEP_1 .. KEEP_N M BIND_1 .. BIND_M -- COMMAND ...
+       sandbox.py exec FD -- COMMAND ...
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 
 STAGE = "/run/raypod-stage"
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def _run(*command: str) -> None:
-    subprocess.run(command, check=True)
+def _run(program: str, *arguments: str) -> None:
+    found = shutil.which(program, path=SYSTEM_PATH)
+    if found is None:
+        raise SystemExit(f"{program} is not installed in {SYSTEM_PATH}")
+    subprocess.run([found, *arguments], check=True, env={"PATH": SYSTEM_PATH})
+
+
+def run_dropped(argv: list[str]) -> None:
+    """``exec FD -- COMMAND...``: COMMAND with the environment that FD holds (privileges are already gone)."""
+    if len(argv) < 5 or argv[3] != "--":
+        raise SystemExit("usage: sandbox.py exec FD -- COMMAND...")
+    descriptor = int(argv[2])
+    with os.fdopen(descriptor, "rb") as carrier:
+        environment = json.loads(carrier.read())
+    command = argv[4:]
+    os.execvpe(command[0], command, environment)
 
 
 def main(argv: list[str]) -> None:
@@ -56,9 +79,11 @@ def main(argv: list[str]) -> None:
         _run("mount", "--move", stage, path)
     if covered:
         _run("mount", "-o", "remount,ro", home)
-    drop = ["--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--no-new-privs"]
-    os.execvp("setpriv", ["setpriv", *drop, "--", *command])
+    os.execv(command[0], command)
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    if sys.argv[1:2] == ["exec"]:
+        run_dropped(sys.argv)
+    else:
+        main(sys.argv)

@@ -243,9 +243,21 @@ class IdentityService:
     # -- tokens --------------------------------------------------------------------------------------------
 
     def create_token(
-        self, user: str, name: str, ttl: timedelta | None, *, not_after: datetime | None = None
+        self,
+        user: str,
+        name: str,
+        ttl: timedelta | None,
+        *,
+        not_after: datetime | None = None,
+        parent: str | None = None,
     ) -> state.CreatedToken:
-        """Raises NotFound (user), InvalidSpec (ttl out of range, or past ``not_after``)."""
+        """A new token of ``user``; with ``parent`` (the token the request came with, or its session's), it
+        expires no later than that token and is revoked with it, so a stolen credential never turns into a
+        longer-lived one.
+
+        Raises:
+            NotFound (user), InvalidSpec (ttl out of range, past ``not_after`` or past its parent's expiry).
+        """
         self.user(user)
         if ttl is not None and not timedelta(0) < ttl <= MAX_TOKEN_TTL:
             raise errors.InvalidSpec(f"token lifetime must be between 1 second and {MAX_TOKEN_TTL.days} days")
@@ -256,6 +268,13 @@ class IdentityService:
                 f"a browser session may create tokens that expire by {not_after:%Y-%m-%d %H:%M} UTC at the latest; "
                 "ask for a shorter lifetime, or use an API token"
             )
+        if parent is not None:
+            made_with = self.token(parent)
+            if made_with.expires_at is not None and (expires_at is None or expires_at > made_with.expires_at):
+                raise errors.InvalidSpec(
+                    f"a token made with token {made_with.id} expires by {made_with.expires_at:%Y-%m-%d %H:%M} UTC "
+                    "at the latest (when that one does); ask for a shorter lifetime"
+                )
         token_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
         row = {
             "id": token_id,
@@ -265,10 +284,11 @@ class IdentityService:
             "created_at": created,
             "expires_at": expires_at,
             "revoked_at": None,
+            "parent_id": parent,
         }
         with self.engine.begin() as connection:
             connection.execute(tokens.insert().values(**row))
-        info = {k: v for k, v in row.items() if k != "secret_hash"}
+        info = {k: v for k, v in row.items() if k not in ("secret_hash", "parent_id")} | {"parent": parent}
         return state.CreatedToken(**info, token=f"{TOKEN_PREFIX}_{token_id}_{secret}")
 
     def list_tokens(self, user: str | None = None) -> builtins.list[state.TokenInfo]:
@@ -286,15 +306,21 @@ class IdentityService:
         return _token_info(row)
 
     def revoke_token(self, token_id: str) -> state.TokenInfo:
-        """Revoke a token and end every browser session made from it, at once (the cache included)."""
+        """Revoke a token, every token made with it (and with those, down the line), and end every browser
+        session made from any of them, at once (the cache included)."""
         found = self.token(token_id)
         with self.engine.begin() as connection:
+            lineage, frontier = {found.id}, {found.id}
+            while frontier:
+                children = connection.execute(sa.select(tokens.c.id).where(tokens.c.parent_id.in_(frontier)))
+                frontier = set(children.scalars()) - lineage
+                lineage |= frontier
             connection.execute(
                 tokens.update()
-                .where(tokens.c.id == found.id, tokens.c.revoked_at.is_(None))
+                .where(tokens.c.id.in_(lineage), tokens.c.revoked_at.is_(None))
                 .values(revoked_at=store.now())
             )
-            connection.execute(sessions.delete().where(sessions.c.token_id == found.id))
+            connection.execute(sessions.delete().where(sessions.c.token_id.in_(lineage)))
         self.cache.clear()
         return self.token(found.id)
 
@@ -402,6 +428,7 @@ def _token_info(row: sa.Row[tuple[object, ...]]) -> state.TokenInfo:
         created_at=store.aware(m["created_at"]),
         expires_at=store.aware(m["expires_at"]) if m["expires_at"] else None,
         revoked_at=store.aware(m["revoked_at"]) if m["revoked_at"] else None,
+        parent=m["parent_id"],
     )
 
 

@@ -101,6 +101,8 @@ tokens = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
+    # The token it was made with (migration 0011): it expires no later and is revoked with it.
+    sa.Column("parent_id", sa.String(16), nullable=True, index=True),
 )
 sessions = sa.Table(
     "sessions",

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import raypod
 from raypod import errors, state
-from raypod.controlplane import governance, identity
+from raypod.controlplane import governance, identity, store
 from raypod.server.auth import CSRF_HEADER, SESSION_COOKIE, Caller, check_same_origin, identities
 
 router = APIRouter(prefix="/api/v1", tags=["identities"])
@@ -133,12 +133,20 @@ def create_token(caller: Caller, body: NewToken, ids: Identities, request: Reque
     if user != caller.user:
         _require_admin(caller, "create tokens for other users")
     ttl = timedelta(seconds=body.ttl_seconds) if body.ttl_seconds else None
-    # A browser session may not mint a token that outlives it by more than a bound (a stolen cookie must not
-    # turn into a year-long credential).
+    # A browser session may not mint a token that lives longer than a bound (a stolen cookie must not turn into a
+    # year-long credential); and a token made with a token (or a session's) never outlives it and dies with it.
+    # An admin's token for another user is that user's own, not a child of the admin's.
     not_after = None
-    if caller.via_session and caller.token_expires_at is not None:
-        not_after = caller.token_expires_at + request.app.state.settings.session_token_max_ttl
-    return ids.create_token(user, body.name, ttl, not_after=not_after)
+    if caller.via_session:
+        not_after = store.now() + request.app.state.settings.session_token_max_ttl
+    parent = caller.token_id if user == caller.user else None
+    if "ttl_seconds" not in body.model_fields_set and ttl is not None:
+        # The default lifetime, asked for implicitly, ends with what bounds it rather than being refused.
+        bounds = [not_after, caller.token_expires_at if parent else None]
+        ends = min((b for b in bounds if b is not None), default=None)
+        if ends is not None:
+            ttl = max(timedelta(seconds=1), min(ttl, ends - store.now() - timedelta(seconds=1)))
+    return ids.create_token(user, body.name, ttl, not_after=not_after, parent=parent)
 
 
 @router.get("/tokens")
