@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from raypod import errors
+from raypod import outbound as outbound_mod
 
 DEFAULT_PORT = 8471
 
@@ -141,6 +142,9 @@ class Settings:
     # Local backend: names of the server's environment variables that nodes inherit beyond the fixed allow-list
     # (PATH, HOME, LANG, LC_*, TZ, TMPDIR...): an operator's choice, e.g. a proxy for every cluster.
     node_env_passthrough: tuple[str, ...] = ()
+    # What the server may fetch or post to for users (catalog sources, hang webhooks): public addresses, and these
+    # hosts and networks besides (RAYPOD_OUTBOUND_ALLOW, comma-separated: names, addresses, CIDRs).
+    outbound: outbound_mod.Policy = field(default_factory=outbound_mod.Policy)
     fast_health_checks: bool = True
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -175,6 +179,7 @@ class Settings:
             "max_upload_bytes": int(_float_env("RAYPOD_MAX_UPLOAD_BYTES", 100 * 2**20)),
             "isolation": _choice_env("RAYPOD_ISOLATION", ("auto", "off"), "auto"),
             "node_env_passthrough": _names_env("RAYPOD_NODE_ENV_PASSTHROUGH"),
+            "outbound": outbound_mod.Policy.from_env(),
             "priority_classes": _priority_classes(os.environ.get("RAYPOD_PRIORITY_CLASSES")),
             "pool_cpus": _optional_float_env("RAYPOD_POOL_CPUS"),
             "pool_memory": _optional_int(_optional_float_env("RAYPOD_POOL_MEMORY")),

@@ -35,6 +35,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 SCRIPTS = Path(__file__).parent / "scripts"
 READER = {"AWS_ACCESS_KEY_ID": "reader-access", "AWS_SECRET_ACCESS_KEY": "reader-secret-0123456789"}
+# The S3 server of these tests is on loopback, which the server contacts only where its operator allows it.
+SERVER_ENV = {**READER, "RAYPOD_OUTBOUND_ALLOW": "127.0.0.1,localhost"}
 MODEL = "llama-tiny"
 
 
@@ -60,7 +62,7 @@ def model_url(s3: testing.S3Server, local_model: Path) -> str:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaypodServer]:
-    with module_server(tmp_path_factory, "raypod-serving", extra_env=READER) as started:
+    with module_server(tmp_path_factory, "raypod-serving", extra_env=SERVER_ENV) as started:
         yield started
 
 

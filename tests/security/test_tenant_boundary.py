@@ -6,17 +6,31 @@ test_origins.py."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from raypod import untrusted_files
+import httpx
+import pytest
+
+from raypod import errors, outbound, untrusted_files
 from raypod.capabilities.hangwatch import layout
 from raypod.capabilities.spaces import ide
-from tests.security.conftest import App
+from tests.security.conftest import App, EchoDashboard
 from tests.security.test_attacks import wait_ready
+
+
+@pytest.fixture
+def echo_server() -> Iterator[EchoDashboard]:
+    """An HTTP server on loopback that records every request it gets (a stand-in for what a server-side request
+    forgery would reach: the metadata service, an internal admin port)."""
+    server = EchoDashboard()
+    yield server
+    server.close()
 
 
 def wait_for(check: Any, what: str, timeout: float = 10.0) -> Any:
@@ -302,3 +316,61 @@ def test_a_member_cannot_mint_or_revoke_another_users_token(app: App) -> None:
     bobs = app.tokens["bob"].split("_")[1]
     assert app.http.delete(f"/api/v1/tokens/{bobs}", headers=app.as_("alice")).status_code in (403, 404)
     assert app.http.get("/api/v1/whoami", headers=app.as_("bob")).status_code == 200
+
+
+# -- 5. outbound-fetch policy -------------------------------------------------------------------------------------
+
+
+def test_a_member_cannot_add_or_squat_catalog_models(app: App, tmp_path: Path) -> None:
+    for source in (str(tmp_path), "meta-llama/Llama-3.1-8B", "s3://bucket/model"):
+        body = {"id": "meta-llama/Llama-3.1-8B", "source": source}
+        refused = app.http.post("/api/v1/models", json=body, headers=app.as_("alice"))
+        assert refused.status_code == 403 and "installation admins" in refused.json()["message"]
+    assert app.http.get("/api/v1/models", headers=app.as_("alice")).json() == []
+
+
+def test_a_catalog_source_on_loopback_or_link_local_is_refused_unless_the_operator_allows_it(
+    app: App, echo_server: EchoDashboard
+) -> None:
+    sources = [
+        {"id": "loop", "source": f"{echo_server.url}/model"},
+        {"id": "meta", "source": "s3://b/m", "storage_options": {"endpoint_url": "http://169.254.169.254/"}},
+        {"id": "meta2", "source": "s3://b/m", "storage_options": {"client_kwargs": {"endpoint_url": echo_server.url}}},
+        {"id": "ssh", "source": "ssh://127.0.0.1/etc"},
+    ]
+    for body in sources:
+        refused = app.http.post("/api/v1/models", json=body, headers=app.as_("admin"))
+        assert refused.status_code in (403, 422) and "Traceback" not in refused.text, refused.text
+    assert echo_server.received == [], "the server fetched from loopback"
+
+
+def test_a_hang_webhook_is_never_posted_to_loopback(
+    app: App, tmp_path: Path, echo_server: EchoDashboard, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = {
+        "name": "hooked",
+        "namespace": "ml",
+        "worker_groups": [{"name": "cpu", "replicas": 0}],
+        "hangwatch": {"webhook_url": f"{echo_server.url}/hook"},
+    }
+    assert app.http.post("/api/v1/clusters", json=body, headers=app.as_("alice")).status_code == 202
+    wait_ready(app, "ml", "hooked")
+    node = hangwatch_dirs(app, tmp_path, "ml", "hooked")["cpu-0"]
+    with caplog.at_level(logging.WARNING, logger="raypod.controlplane.hangs"):
+        layout.write_json(layout.detections_dir(node) / "d.json", detection(None, "notify"))
+        wait_for(lambda: "hang webhook to 127.0.0.1 refused" in caplog.text, "the webhook refused")
+    assert echo_server.received == []
+
+
+def test_the_outbound_policy_allows_what_an_operator_names_and_pins_the_checked_address(
+    echo_server: EchoDashboard,
+) -> None:
+    policy = outbound.Policy.parse("127.0.0.1")
+    with httpx.Client(timeout=5) as client:
+        answer = outbound.pinned_request(client, "POST", f"{echo_server.url}/hook", policy, json={"a": 1})
+    assert answer.status_code == 200 and echo_server.received[0]["path"] == "/hook"
+    for refused in ("10.0.0.1", "172.16.0.1", "192.168.1.1", "169.254.169.254", "::1", "fe80::1", "100.64.0.1"):
+        with pytest.raises(errors.Forbidden):
+            outbound.check_host(refused, 80, outbound.Policy())
+    with pytest.raises(errors.InvalidSpec):
+        outbound.check_url("file:///etc/passwd", outbound.Policy())

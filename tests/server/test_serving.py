@@ -32,10 +32,10 @@ def test_the_catalog_reads_a_source_and_guards_its_entries(
     alice = make_user(client, admin, "alice", "ml")
     assert [m["id"] for m in client.get("/api/v1/models", headers=alice).json()] == ["org/tiny"]
     assert client.delete("/api/v1/models/org/tiny", headers=alice).status_code == 403
-    missing = client.post("/api/v1/models", json={"id": "gone", "source": str(model_dir / "nope")}, headers=alice)
+    missing = client.post("/api/v1/models", json={"id": "gone", "source": str(model_dir / "nope")}, headers=admin)
     assert missing.status_code == 422 and "does not exist" in missing.json()["message"]
     secret = {"id": "s", "source": "s3://b/m", "storage_options": {"key": "AKIA", "secret": "x"}}
-    refused = client.post("/api/v1/models", json=secret, headers=alice)
+    refused = client.post("/api/v1/models", json=secret, headers=admin)
     assert refused.status_code == 422 and "AKIA" not in refused.text
     assert client.get("/api/v1/models/no-such", headers=alice).status_code == 404
     assert client.get("/api/v1/models").status_code == 401

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import httpx
 import sqlalchemy as sa
 
-from raypod import errors, state, untrusted_files
+from raypod import errors, outbound, state, untrusted_files
 from raypod import spec as spec_mod
 from raypod.capabilities.hangwatch import detector
 from raypod.capabilities.observability import metrics
@@ -30,6 +30,7 @@ from raypod.controlplane import schema, store
 from raypod.controlplane.jobs.records import TERMINAL_STATUSES
 from raypod.controlplane.jobs.service import JobService
 from raypod.controlplane.periodic import Periodic
+from raypod.outbound import Policy
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +163,11 @@ class HangCollector(Periodic):
 
     thread_name = "raypod-hangs"
 
-    def __init__(self, db: store.Store, jobs: JobService, interval_s: float = 1.0) -> None:
+    def __init__(
+        self, db: store.Store, jobs: JobService, interval_s: float = 1.0, outbound: Policy | None = None
+    ) -> None:
         super().__init__(interval_s)
+        self.outbound = outbound or Policy()
         self.store = db
         self.jobs = jobs
         self.backend = jobs.clusters.backend
@@ -354,7 +358,7 @@ class HangCollector(Periodic):
         self.store.record(view, state.EventType.WARNING, reason, message[:2000], None)
         webhook = view.spec.hangwatch.webhook_url
         if webhook:
-            threading.Thread(target=_post_webhook, args=(webhook, view, detection), daemon=True).start()
+            threading.Thread(target=_post_webhook, args=(webhook, view, detection, self.outbound), daemon=True).start()
 
     def _job_of(self, view: state.ClusterView, ray_job_id: str | None) -> str | None:
         """The raypod job of one of this cluster's Ray jobs, from raypod's own records of this cluster: never a
@@ -392,10 +396,16 @@ class HangCollector(Periodic):
         self.store.record(view, state.EventType.WARNING, "JobFailedHung", reason[:2000], None)
 
 
-def _post_webhook(url: str, view: state.ClusterView, detection: state.HangDetection) -> None:
+def _post_webhook(url: str, view: state.ClusterView, detection: state.HangDetection, policy: Policy) -> None:
+    """Through the outbound policy: a member's webhook never reaches the server's own or private network unless an
+    operator allows it."""
     payload = {"event": "raypod.hang_detected", "detection": json.loads(detection.model_dump_json())}
+    host = urlsplit(url).hostname
     try:
-        httpx.post(url, json=payload, timeout=WEBHOOK_TIMEOUT_S, follow_redirects=False).raise_for_status()
+        with httpx.Client(timeout=WEBHOOK_TIMEOUT_S) as client:
+            outbound.pinned_request(client, "POST", url, policy, json=payload).raise_for_status()
+    except errors.RaypodError as exc:
+        log.warning("hang webhook to %s refused: %s", host, exc)
     except httpx.HTTPError as exc:
         # The URL may carry a secret (a Slack webhook's path): log its host only.
-        log.warning("hang webhook to %s failed: %s", urlsplit(url).hostname, type(exc).__name__)
+        log.warning("hang webhook to %s failed: %s", host, type(exc).__name__)

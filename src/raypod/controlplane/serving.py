@@ -12,10 +12,11 @@ from __future__ import annotations
 import builtins
 import secrets
 from typing import Any
+from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 
-from raypod import errors, state
+from raypod import errors, outbound, state
 from raypod import spec as spec_mod
 from raypod.backends import base, ray_jobs
 from raypod.backends.kuberay import manifests
@@ -29,13 +30,30 @@ LOG_TAIL_CHARS = 1500
 RAYSERVICE = "rayservice/"  # a deployment's deploy_job when a RayService runs it: "rayservice/<its name>"
 
 
+# fsspec protocols a catalog source may use: object stores, the hub, the server's own files (admins only, as every
+# source), and plain HTTP(S). Others (ssh, ftp, smb, git, ...) would reach hosts outside the fetch policy.
+SOURCE_SCHEMES = frozenset({"", "file", "memory", "hf", "s3", "s3a", "gs", "gcs", "az", "abfs", "http", "https"})
+
+
 class ModelCatalog:
-    def __init__(self, engine: sa.Engine) -> None:
+    def __init__(self, engine: sa.Engine, outbound_policy: outbound.Policy | None = None) -> None:
         self.engine = engine
+        self.outbound = outbound_policy or outbound.Policy()
 
     def add(self, caller: identity.Principal, source: catalog.ModelSource, replace: bool = False) -> catalog.ModelEntry:
-        """Read and checksum the source (slow for large models). Raises Conflict (the id exists, not replacing),
-        Forbidden (replacing another user's model), InvalidSpec (an unreadable or incomplete source)."""
+        """Read and checksum the source (slow for large models). Installation admins only: the server reads the
+        source with its own rights and network (its files, its cloud credentials), and the catalog is shared by
+        every team (a well-known id is not for anyone to take).
+
+        Raises:
+            Conflict (the id exists, not replacing), Forbidden (not an admin; a source the outbound policy
+            refuses), InvalidSpec (an unreadable or incomplete source)."""
+        if not caller.is_admin:
+            raise errors.Forbidden(
+                "only installation admins add models to the catalog (the server reads the source with its own "
+                "rights): ask an admin to add it"
+            )
+        self._check_source(source)
         existing = self._find(source.id)
         if existing is not None:
             if not replace:
@@ -80,6 +98,22 @@ class ModelCatalog:
         with self.engine.connect() as connection:
             row = connection.execute(sa.select(schema.models.c.entry).where(schema.models.c.id == model_id)).first()
         return catalog.ModelEntry.model_validate_json(row[0]) if row else None
+
+    def _check_source(self, source: catalog.ModelSource) -> None:
+        """The outbound policy on where the source lives: an http(s) URL, or an object store's endpoint."""
+        scheme = urlsplit(source.source).scheme.lower() if "://" in source.source else ""
+        if scheme not in SOURCE_SCHEMES:
+            schemes = ", ".join(sorted(SOURCE_SCHEMES - {""}))
+            raise errors.InvalidSpec(f"a model source is a directory, a Hugging Face id or a URL of: {schemes}")
+        if scheme in ("http", "https"):
+            outbound.check_url(source.source, self.outbound)
+        client_kwargs = source.storage_options.get("client_kwargs")
+        endpoints = [source.storage_options.get("endpoint_url")]
+        if isinstance(client_kwargs, dict):
+            endpoints.append(client_kwargs.get("endpoint_url"))
+        for endpoint in endpoints:
+            if endpoint is not None:
+                outbound.check_url(str(endpoint), self.outbound)
 
     def _check_owner(self, caller: identity.Principal, entry: catalog.ModelEntry) -> None:
         if not caller.is_admin and entry.added_by != caller.user:

@@ -66,11 +66,15 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         app.state.governance = governor
         app.state.gateway_routes = gateway.RouteCache(app.state.clusters)
         app.state.jobs = jobs.JobService(app.state.clusters, settings.home / "packages")
-        app.state.serving = serving.ServingService(app.state.clusters, serving.ModelCatalog(db.engine))
+        app.state.serving = serving.ServingService(
+            app.state.clusters, serving.ModelCatalog(db.engine, settings.outbound)
+        )
         app.state.spaces = spaces.SpaceService(app.state.clusters, settings.home)
         supervisor = jobs.JobSupervisor(app.state.jobs, interval_s=min(settings.reconcile_interval_s, 1.0))
         supervisor.start()
-        app.state.hangs = hangs.HangCollector(db, app.state.jobs, interval_s=min(settings.reconcile_interval_s, 1.0))
+        app.state.hangs = hangs.HangCollector(
+            db, app.state.jobs, interval_s=min(settings.reconcile_interval_s, 1.0), outbound=settings.outbound
+        )
         app.state.hangs.start()
         # aiohttp, not httpx, for the proxy hop: it adds about half the latency per request here.
         app.state.gateway_limit = gateway.ConcurrencyLimit(settings.gateway_max_in_flight)
