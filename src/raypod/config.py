@@ -137,6 +137,11 @@ class Settings:
     ws_ping_interval_s: float = 30.0
     max_json_body_bytes: int = 2**20
     max_upload_bytes: int = 100 * 2**20
+    # What one request through the gateway may carry (a working dir's package on its way to Ray, a notebook).
+    gateway_max_body_bytes: int = 512 * 2**20
+    # Proxied pages' own origins: <name>--<namespace>.<origin_domain> (a wildcard DNS name pointing at raypod;
+    # "localhost" on a laptop, whose subdomains browsers resolve to loopback).
+    origin_domain: str = "localhost"
     # Local backend: "auto" runs nodes in their own mount and PID namespaces when the host allows it; "off" never.
     isolation: str = "auto"
     # Local backend: names of the server's environment variables that nodes inherit beyond the fixed allow-list
@@ -177,6 +182,8 @@ class Settings:
             "ws_ping_interval_s": _float_env("RAYPOD_WS_PING_INTERVAL_S", 30.0),
             "max_json_body_bytes": int(_float_env("RAYPOD_MAX_JSON_BODY_BYTES", 2**20)),
             "max_upload_bytes": int(_float_env("RAYPOD_MAX_UPLOAD_BYTES", 100 * 2**20)),
+            "gateway_max_body_bytes": int(_float_env("RAYPOD_GATEWAY_MAX_BODY_BYTES", 512 * 2**20)),
+            "origin_domain": os.environ.get("RAYPOD_ORIGIN_DOMAIN") or "localhost",
             "isolation": _choice_env("RAYPOD_ISOLATION", ("auto", "off"), "auto"),
             "node_env_passthrough": _names_env("RAYPOD_NODE_ENV_PASSTHROUGH"),
             "outbound": outbound_mod.Policy.from_env(),

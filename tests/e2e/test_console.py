@@ -126,16 +126,23 @@ def test_console_journey(page: playwright_sync.Page, raypod_server: RaypodServer
     expect(page.get_by_text(f"--address raypod://{CLUSTER}")).to_be_visible()
     shot("cluster-ready")
 
-    # The Ray dashboard, through the gateway, in a new tab, on the browser session alone.
+    # The Ray dashboard, through the gateway, in a new tab, on the browser session alone: on the cluster's own
+    # origin (never the console's), entered with a one-time ticket.
     with page.context.expect_page() as opened:
         page.get_by_test_id("open-dashboard").click()
     dashboard = opened.value
     dashboard.wait_for_load_state()
-    expect(dashboard).to_have_url(re.compile(rf"^{re.escape(base)}/clusters/default/{CLUSTER}/"))
+    origin = f"https://{CLUSTER}--default.localhost:{raypod_server.port}"
+    expect(dashboard).to_have_url(re.compile(rf"^{re.escape(origin)}/"))
     expect(dashboard).to_have_title(re.compile("Ray"))
     expect(dashboard.get_by_role("link", name="Overview")).to_be_visible()
-    version = dashboard.request.get(f"{base}/clusters/default/{CLUSTER}/api/version")
+    version = dashboard.request.get(f"{origin}/api/version")
     assert version.ok and "ray_version" in version.json()
+    cookies = {c["name"]: c for c in page.context.cookies()}
+    assert cookies["__Host-raypod_origin"]["domain"] == f"{CLUSTER}--default.localhost", (
+        "the origin's cookie is its own"
+    )
+    assert cookies["__Host-raypod_session"]["domain"] == "127.0.0.1", "the console's cookie stays on the console"
     shot("ray-dashboard", dashboard)
     dashboard.close()
 

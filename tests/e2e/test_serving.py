@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 from collections.abc import Iterator
@@ -311,6 +312,41 @@ def test_an_unchanged_serve_script_is_reachable_through_the_gateway(
     assert answer.status_code == 200 and answer.json() == {"greeting": "hello raypod"}
     with server.client() as api:
         assert api.serving.get("serving", "tiny").status == "RUNNING", "the user's app runs beside the model"
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(BROWSER_MISSING, reason=f"{CHROMIUM} is not installed (apt-get install chromium)")
+def test_an_admin_who_opens_a_hostile_serve_page_gives_it_nothing_of_the_console(
+    server: RaypodServer, deployed: state.DeploymentView, page: Any, tmp_path: Path
+) -> None:
+    """Issue 28: a cluster operator's Serve page, opened by an admin from the console, runs on the cluster's own
+    origin: it can neither read the console nor act with the admin's console session, nor replace its cookie."""
+    shutil.copy(SCRIPTS / "serve_hostile_script.py", tmp_path / "serve_hostile_script.py")
+    result = run_cli(
+        server, "ray", "job", "submit", "--address", "raypod://serving", "--working-dir", str(tmp_path),
+        "--", "python", "serve_hostile_script.py",
+    )  # fmt: skip
+    assert result.returncode == 0 and "hostile-deployed" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+    log_in(page, server, "/")
+    session = next(c for c in page.context.cookies() if c["name"] == "__Host-raypod_session")
+    page.goto(f"{server.url}/clusters/default/serving/serve/hostile?console={server.url}")
+    origin = f"https://serving--default.localhost:{server.port}"
+    expect = pytest.importorskip("playwright.sync_api").expect
+    expect(page).to_have_url(re.compile(rf"^{re.escape(origin)}/serve/hostile"))
+    expect(page).to_have_title(re.compile("^done "), timeout=30_000)
+    BROWSER_ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=BROWSER_ARTIFACTS / "hostile-serve-page.png")
+    title = page.title()
+    assert "read-console:blocked" in title and "admin-at-console:blocked" in title, title
+    assert "admin-here:201" not in title, title
+    with server.client() as api:
+        assert "mallory" not in [user.name for user in api.users.list()], "the page made an admin"
+    after = next(
+        c for c in page.context.cookies() if c["name"] == "__Host-raypod_session" and c["domain"] == "127.0.0.1"
+    )
+    assert after["value"] == session["value"], "the console's session cookie was replaced"
+    page.goto(f"{server.url}/")
+    expect(page).to_have_url(f"{server.url}/")  # still logged in: the session was neither ended nor replaced
 
 
 @pytest.mark.browser

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -326,7 +327,8 @@ def test_the_console_creates_and_opens_a_workspace_and_jupyterlab_loads(
         row.get_by_test_id("open-space").click()
     lab = opened.value
     lab.wait_for_load_state()
-    expect(lab).to_have_url(re.compile(rf"^{re.escape(server.url)}/spaces/default/{SPACE}/lab"))
+    origin = f"https://{SPACE}--default--ws.localhost:{server.port}"  # the workspace's own origin
+    expect(lab).to_have_url(re.compile(rf"^{re.escape(origin)}/spaces/default/{SPACE}/lab"))
     expect(lab).to_have_title(re.compile("JupyterLab"), timeout=60_000)
     BROWSER_ARTIFACTS.mkdir(parents=True, exist_ok=True)
     try:
@@ -337,13 +339,26 @@ def test_the_console_creates_and_opens_a_workspace_and_jupyterlab_loads(
         lab.screenshot(path=BROWSER_ARTIFACTS / "space-jupyterlab.png")
     assert not [r for r in refused if "/spaces/" in r], refused
 
-    # The session cookie is not a key for other sites: a cross-site change is refused before the IDE sees it.
-    cookie = next(c["value"] for c in page.context.cookies() if c["name"] == "raypod_session")
+    # Neither cookie is a key for other sites: a change not made by a page of the workspace's own origin is
+    # refused before the IDE sees it, and the console's origin serves the IDE to no browser.
+    cookies = {c["name"]: c["value"] for c in page.context.cookies()}
     with httpx.Client(
-        base_url=server.url, verify=tls_verify(server.ca_file), cookies={"raypod_session": cookie}
-    ) as browser_like:
+        base_url=server.url,
+        verify=tls_verify(server.ca_file),
+        cookies={"__Host-raypod_session": cookies["__Host-raypod_session"]},
+    ) as console_session:
+        forged = console_session.post(
+            f"/spaces/default/{SPACE}/api/kernels", json={"name": "python3"}, headers={"Sec-Fetch-Site": "same-origin"}
+        )
+        assert forged.status_code == 403, forged.text
+    with httpx.Client(
+        base_url=server.url,
+        verify=tls_verify(server.ca_file),
+        cookies={"__Host-raypod_origin": cookies["__Host-raypod_origin"]},
+        headers={"Host": urlsplit(origin).netloc},
+    ) as origin_session:
         for headers in ({"Sec-Fetch-Site": "cross-site"}, {}, {"Origin": "https://evil.example"}):
-            forged = browser_like.post(
+            forged = origin_session.post(
                 f"/spaces/default/{SPACE}/api/kernels", json={"name": "python3"}, headers=headers
             )
             assert forged.status_code == 403, (headers, forged.text)

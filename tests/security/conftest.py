@@ -75,6 +75,20 @@ def app(tmp_path: Path) -> Iterator[App]:
     yield from make_app(tmp_path)
 
 
+UPSTREAM_COOKIES = (
+    "raypod_session=fixated; Path=/",
+    "__Host-raypod_session=fixated; Path=/; Secure",
+    "raypod_origin=forged; Path=/",
+    "wide=1; Domain=localhost; Path=/",
+    "_xsrf=kept; Path=/",
+)
+HOSTILE_PAGE = (
+    b"<html><body><script>fetch('/api/v1/users', {method: 'POST', credentials: 'include', "
+    b"headers: {'content-type': 'application/json'}, body: JSON.stringify({name: 'mallory', is_admin: true})})"
+    b"</script></body></html>"
+)
+
+
 class EchoDashboard:
     """A stand-in for a cluster's dashboard that answers with the headers and body it received, so a test can
     see exactly what the gateway forwards (a real Ray dashboard does not show that); ``/slow`` never answers
@@ -96,8 +110,14 @@ class EchoDashboard:
                 if self.path.endswith("/slow"):
                     release.wait(30)
                 payload = json.dumps({"headers": {k.lower(): v for k, v in self.headers.items()}}).encode()
+                page = self.path.endswith("/page")  # an HTML page whose script would act as whoever opens it
+                if page:
+                    payload = HOSTILE_PAGE
                 self.send_response(200)
-                self.send_header("Content-Type", "application/json")
+                if self.path.endswith("/cookies"):  # what a hostile page would set in the browser
+                    for cookie in UPSTREAM_COOKIES:
+                        self.send_header("Set-Cookie", cookie)
+                self.send_header("Content-Type", "text/html" if page else "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)

@@ -78,7 +78,7 @@ def server(
         raise errors.InvalidSpec("pass both --tls-cert and --tls-key, or neither for a self-signed certificate")
     home = config.default_home()
     if not insecure_http and tls_cert is None:
-        tls_cert, tls_key = tls.self_signed(home, host)
+        tls_cert, tls_key = tls.self_signed(home, host, config.Settings.from_env().origin_domain)
     own_ca = tls.ca_path(home) if tls_cert == home / "tls" / "server.crt" else None
     settings = config.Settings.from_env(
         host=host, port=port, tls=not insecure_http, tls_cert=tls_cert, tls_key=tls_key, tls_ca=own_ca

@@ -380,17 +380,25 @@ class IdentityService:
 
     def authenticate_session(self, session_id: str) -> Principal:
         """Raises Unauthenticated for an unknown or expired session, or one whose token was revoked."""
+        return self.authenticate_session_hash(session_hash(session_id))
+
+    def authenticate_session_hash(self, id_hash: str) -> Principal:
+        """A session named by its stored hash (what a proxied origin's cookie carries, never the session id).
+
+        Raises:
+            Unauthenticated: as ``authenticate_session``."""
         query = sa.select(sessions, tokens.c.revoked_at, tokens.c.expires_at.label("token_expires_at")).select_from(
             sessions.outerjoin(tokens, tokens.c.id == sessions.c.token_id)
         )
         with self.engine.connect() as connection:
-            row = connection.execute(query.where(sessions.c.id_hash == _hash(session_id[:128]))).first()
+            row = connection.execute(query.where(sessions.c.id_hash == id_hash[:64])).first()
         now = store.now()
         if row is None or row.token_id is None or store.aware(row.expires_at) <= now:
             raise errors.Unauthenticated("session expired; log in again")
         token_expired = row.token_expires_at is not None and store.aware(row.token_expires_at) <= now
         if row.revoked_at is not None or token_expired:
-            self.end_session(session_id)
+            with self.engine.begin() as connection:
+                connection.execute(sessions.delete().where(sessions.c.id_hash == id_hash[:64]))
             raise errors.Unauthenticated("the token this session was made from was revoked or expired; log in again")
         principal = self.principal(row.user)
         return replace(
@@ -417,6 +425,11 @@ class IdentityService:
         with self.engine.connect() as connection:
             if connection.execute(sa.select(sa.func.count()).select_from(table).where(condition)).scalar() == 0:
                 raise errors.NotFound(message)
+
+
+def session_hash(session_id: str) -> str:
+    """What is stored of a session id (and what names a session beyond its cookie)."""
+    return _hash(session_id[:128])
 
 
 def _token_info(row: sa.Row[tuple[object, ...]]) -> state.TokenInfo:

@@ -13,7 +13,7 @@ import raypod
 from raypod import backends, config
 from raypod.backends import base
 from raypod.controlplane import governance, hangs, identity, jobs, loop, plan, service, serving, spaces, store
-from raypod.server import console, gateway, limits
+from raypod.server import console, gateway, limits, origins
 from raypod.server import errors as server_errors
 from raypod.server.routes import clusters, identities, monitoring
 from raypod.server.routes import governance as governance_routes
@@ -30,6 +30,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         config.secure_home(settings.home)
+        app.state.origins = origins.Origins.load(settings.home, settings.origin_domain, secure=settings.tls)
         db = store.Store(settings.resolved_database_url)
         chosen = backend or backends.create_backend(settings)
         if not chosen.tenancy.isolated:
@@ -109,8 +110,13 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
     )
     server_errors.install(app)
     app.add_middleware(
-        limits.BodyLimit, json_limit=settings.max_json_body_bytes, upload_limit=settings.max_upload_bytes
+        limits.BodyLimit,
+        json_limit=settings.max_json_body_bytes,
+        upload_limit=settings.max_upload_bytes,
+        proxied_limit=settings.gateway_max_body_bytes,
     )
+    # Outermost: a request to a cluster's or workspace's own origin never reaches the console's routes.
+    app.add_middleware(gateway.OriginDispatch, proxied_limit=settings.gateway_max_body_bytes)
     app.include_router(clusters.router)
     app.include_router(identities.router)
     app.include_router(job_routes.router)

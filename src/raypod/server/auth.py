@@ -7,11 +7,15 @@ from typing import Annotated
 from urllib.parse import urlsplit
 
 from fastapi import Depends, Request
+from starlette.requests import HTTPConnection
 
 from raypod import errors
 from raypod.controlplane import identity
 
-SESSION_COOKIE = "raypod_session"
+SESSION_COOKIE = "raypod_session"  # over plain HTTP (tests, a loopback-only server without TLS)
+# Over TLS: a ``__Host-`` cookie is host-only and Secure by rule, so no sibling host (a cluster's own origin
+# under the same domain) can set or shadow it.
+SECURE_SESSION_COOKIE = "__Host-raypod_session"
 CSRF_HEADER = "x-csrf-token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -47,6 +51,16 @@ def check_same_origin(request: Request) -> None:
         raise errors.Forbidden("cross-origin request refused: it must come from this server's own pages")
 
 
+def session_cookie_name(secure: bool) -> str:
+    return SECURE_SESSION_COOKIE if secure else SESSION_COOKIE
+
+
+def session_id(connection: HTTPConnection) -> str | None:
+    """The console session cookie of a request or websocket: the ``__Host-`` one over TLS, the plain one over
+    HTTP, never the other (a plain-named cookie over TLS may have been set by a sibling host)."""
+    return connection.cookies.get(session_cookie_name(connection.url.scheme in ("https", "wss"))) or None
+
+
 def identities(request: Request) -> identity.IdentityService:
     service: identity.IdentityService = request.app.state.identities
     return service
@@ -62,9 +76,9 @@ def authenticate(request: Request) -> identity.Principal:
     token = bearer_token(request.headers.get("authorization"))
     if token is not None:
         return ids.authenticate_token(token)
-    session_id = request.cookies.get(SESSION_COOKIE)
-    if session_id:
-        principal = ids.authenticate_session(session_id)
+    session = session_id(request)
+    if session:
+        principal = ids.authenticate_session(session)
         if request.method not in SAFE_METHODS:
             check_same_origin(request)
             sent = request.headers.get(CSRF_HEADER, "")
@@ -86,10 +100,10 @@ def authenticate_same_origin_browser(request: Request) -> identity.Principal:
     """
     if bearer_token(request.headers.get("authorization")) is not None or request.method in SAFE_METHODS:
         return authenticate(request)
-    session_id = request.cookies.get(SESSION_COOKIE)
-    if not session_id:
+    session = session_id(request)
+    if not session:
         return authenticate(request)
-    principal = identities(request).authenticate_session(session_id)
+    principal = identities(request).authenticate_session(session)
     check_same_origin(request)
     if request.headers.get("sec-fetch-site") != "same-origin":
         raise errors.Forbidden("a session's change must come from a page of this server (Sec-Fetch-Site)")
@@ -108,3 +122,12 @@ def authenticate_websocket(
 
 
 Caller = Annotated[identity.Principal, Depends(authenticate)]
+
+
+def same_origin_path(value: str) -> str:
+    """``value`` if it is a path on this origin as a browser reads it, else ``/`` (no open redirect): no scheme,
+    no host, no backslash or control character (browsers read ``/\\evil`` and ``/<tab>/evil`` as ``//evil``)."""
+    if not value.startswith("/") or any(ord(c) < 0x21 or c in "\\\x7f" for c in value):
+        return "/"
+    parts = urlsplit(value)
+    return value if not parts.scheme and not parts.netloc and not value.startswith("//") else "/"

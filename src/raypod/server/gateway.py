@@ -16,12 +16,12 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 import websockets
 from fastapi import APIRouter, Request, WebSocket
-from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette import routing as starlette_routing
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
@@ -31,7 +31,8 @@ from raypod import spec as spec_mod
 from raypod.backends import base
 from raypod.capabilities.observability import metrics
 from raypod.controlplane import identity, service, spaces
-from raypod.server import auth
+from raypod.server import auth, limits
+from raypod.server import origins as origins_mod
 
 router = APIRouter(tags=["gateway"])
 # Added to the app after the API routes (see create_app); matched for every method under /clusters/.
@@ -262,13 +263,22 @@ async def proxy(request: Request) -> Response:
     """
     params = request.path_params
     namespace, name, path = params["namespace"], params["name"], params["path"]
+    if _browser_session(request):
+        return await _enter_origin(request, origins_mod.Target("cluster", namespace, name), "/" + path)
     principal = await _principal(request)
+    return await _proxy_cluster(request, principal, namespace, name, path, own_origin=False)
+
+
+async def _proxy_cluster(
+    request: Request, principal: identity.Principal, namespace: str, name: str, path: str, *, own_origin: bool
+) -> Response:
     serving = path.startswith(SERVE_PREFIX)
     # Inference is a read of the cluster: whoever may view it may call its models; changing it needs operate.
     verb = identity.Verb.VIEW if request.method in READ_METHODS or serving else identity.Verb.OPERATE
     route = await _resolve(request.app.state, principal, namespace, name, verb)
     length = _framing(request)
-    headers = _upstream_headers(request, route, f"/clusters/{namespace}/{name}", length)
+    prefix = "" if own_origin else f"/clusters/{namespace}/{name}"
+    headers = _upstream_headers(request, route, prefix, length)
     upstream_base, upstream_path = route.dashboard, path
     if serving:
         upstream_path = path[len(SERVE_PREFIX) :]
@@ -283,7 +293,7 @@ async def proxy(request: Request) -> Response:
     if request.method == "POST" and path.strip("/") == "api/jobs":
         body = await _checked_submission(request)
         length = len(body)
-        headers = _upstream_headers(request, route, f"/clusters/{namespace}/{name}", length)
+        headers = _upstream_headers(request, route, prefix, length)
     return await _forward(
         request,
         url,
@@ -293,7 +303,43 @@ async def proxy(request: Request) -> Response:
         f"cluster {namespace}/{name} {upstream_name}",
         path,
         route.tls,
+        own_origin,
     )
+
+
+def _browser_session(request: Request) -> bool:
+    """A browser on its console session (no token): it is sent to the page's own origin, never served here."""
+    return "authorization" not in request.headers and auth.session_id(request) is not None
+
+
+async def _enter_origin(request: Request, target: origins_mod.Target, next_path: str) -> Response:
+    """Redirect a browser session to ``target``'s own origin, with a one-time ticket that lets it in there.
+
+    Raises:
+        NotFound (as the gateway answers outsiders), Forbidden (not a read; no origin for these names)."""
+    if request.method not in ("GET", "HEAD"):
+        raise errors.Forbidden(
+            "a browser opens a cluster's or workspace's pages on their own origin (follow the console's link); "
+            "this path takes only tools with a token"
+        )
+    session = auth.session_id(request)
+    assert session is not None
+    principal = await run_in_threadpool(request.app.state.identities.authenticate_session, session)
+    if target.kind == "cluster":
+        await _resolve(request.app.state, principal, target.namespace, target.name, identity.Verb.VIEW)
+    else:
+        await _resolve_space(request.app.state, principal, target.namespace, target.name, ready=False)
+    found: origins_mod.Origins = request.app.state.origins
+    base = found.url(target, request.url.scheme, request.url.port)
+    if base is None:
+        raise errors.Forbidden(
+            f"{target.kind} {target.namespace}/{target.name} has no origin of its own (its names are too long, "
+            "or its namespace has '--'): open it with a token-based tool"
+        )
+    ticket = found.issue(target, identity.session_hash(session))
+    query = f"?{request.url.query}" if request.url.query else ""
+    location = f"{base}{origins_mod.ENTER_PATH}?ticket={ticket}&next={quote(next_path + query, safe='/')}"
+    return RedirectResponse(location, status_code=303)
 
 
 async def _forward(
@@ -305,8 +351,11 @@ async def _forward(
     upstream_name: str,
     metric_path: str,
     tls: ssl.SSLContext | None = None,
+    own_origin: bool = False,
 ) -> Response:
-    """Send the request upstream and relay its answer: small answers in one piece, others streamed."""
+    """Send the request upstream and relay its answer: small answers in one piece, others streamed. On the
+    console's origin (``own_origin`` False) the answer carries a sandboxing CSP and no cookie; on a cluster's or
+    workspace's own origin, cookies only for that host, never one of raypod's (see ``origins``)."""
     limit: ConcurrencyLimit = request.app.state.gateway_limit
     session: aiohttp.ClientSession = request.app.state.gateway_http
     with limit.hold(*limit_key):
@@ -326,7 +375,7 @@ async def _forward(
         except (aiohttp.ClientError, OSError) as exc:
             raise errors.TransientError(f"{upstream_name} is not answering ({type(exc).__name__})") from None
         metrics.GATEWAY_SECONDS.labels(metrics.gateway_route(metric_path)).observe(time.perf_counter() - started)
-        response_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+        response_headers = _response_headers(upstream.headers.items(), own_origin)
         if upstream.content_length is not None and upstream.content_length <= SMALL_BODY_BYTES:
             try:
                 content = await upstream.read()
@@ -334,14 +383,41 @@ async def _forward(
                 raise errors.TransientError(f"{upstream_name} broke off its answer ({type(exc).__name__})") from None
             finally:
                 upstream.release()
-            return Response(content, status_code=upstream.status, headers=response_headers)
+            answer = Response(content, status_code=upstream.status)
+            answer.raw_headers.extend(response_headers)
+            return answer
     event_stream = upstream.headers.get("content-type", "").startswith("text/event-stream")
-    return StreamingResponse(
+    streamed = StreamingResponse(
         _relay(upstream, event_stream),
         status_code=upstream.status,
-        headers=response_headers,
         background=BackgroundTask(upstream.release),
     )
+    streamed.raw_headers.extend(response_headers)
+    return streamed
+
+
+RAYPOD_COOKIES = ("raypod", "__host-raypod", "__secure-raypod")
+
+
+def _response_headers(upstream: Any, own_origin: bool) -> list[tuple[bytes, bytes]]:
+    """The upstream's answer headers that reach the browser, each Set-Cookie kept apart (JupyterLab sets several).
+
+    No upstream cookie ever reaches the console's cookie jar: on the console's origin none passes; on a proxied
+    origin only host-only ones (no Domain, which could reach sibling origins) that are not named like raypod's."""
+    kept: list[tuple[bytes, bytes]] = []
+    for key, value in upstream:
+        lower = key.lower()
+        if lower in HOP_BY_HOP or lower == "x-content-type-options":
+            continue  # an upstream's own CSP stays: browsers enforce it and ours together
+        if lower == "set-cookie":
+            name = value.split("=", 1)[0].strip().lower()
+            attributes = [part.strip().lower() for part in value.split(";")[1:]]
+            if not own_origin or name.startswith(RAYPOD_COOKIES) or any(a.startswith("domain") for a in attributes):
+                continue
+        kept.append((lower.encode("latin-1"), value.encode("latin-1")))
+    policy = origins_mod.ORIGIN_HEADERS if own_origin else origins_mod.CONSOLE_HEADERS
+    kept += [(k.encode(), v.encode()) for k, v in policy.items()]
+    return kept
 
 
 async def _checked_submission(request: Request) -> bytes:
@@ -399,7 +475,10 @@ async def proxy_websocket(websocket: WebSocket, namespace: str, name: str, path:
     except errors.RaypodError as exc:
         await _refuse(websocket, exc)
         return
-    await _relay_websocket(websocket, f"{route.dashboard}/{path}", route.headers, "cluster dashboard", route.tls)
+    key = (principal.user, namespace, name)
+    await _relay_websocket(
+        websocket, f"{route.dashboard}/{path}", route.headers, "cluster dashboard", route.tls, limit_key=key
+    )
 
 
 async def _websocket_caller(websocket: WebSocket) -> identity.Principal | None:
@@ -413,7 +492,7 @@ async def _websocket_caller(websocket: WebSocket) -> identity.Principal | None:
             auth.authenticate_websocket,
             websocket.app.state.identities,
             websocket.headers.get("authorization"),
-            websocket.cookies.get(auth.SESSION_COOKIE),
+            auth.session_id(websocket),
         )
     except errors.RaypodError as exc:
         await _refuse(websocket, exc)
@@ -426,7 +505,26 @@ async def _refuse(websocket: WebSocket, exc: errors.RaypodError) -> None:
 
 
 async def _relay_websocket(
-    websocket: WebSocket, upstream_url: str, headers: dict[str, str], what: str, tls: ssl.SSLContext | None = None
+    websocket: WebSocket,
+    upstream_url: str,
+    headers: dict[str, str],
+    what: str,
+    tls: ssl.SSLContext | None = None,
+    *,
+    limit_key: tuple[str, str, str],
+) -> None:
+    """Relay a websocket for its life, counted in its user's in-flight limit to that cluster (a held websocket
+    ties up the upstream as a request does)."""
+    limit: ConcurrencyLimit = websocket.app.state.gateway_limit
+    try:
+        with limit.hold(*limit_key):
+            await _relay_websocket_held(websocket, upstream_url, headers, what, tls)
+    except errors.TooManyRequests as exc:
+        await websocket.close(code=4429, reason=exc.message[:120])
+
+
+async def _relay_websocket_held(
+    websocket: WebSocket, upstream_url: str, headers: dict[str, str], what: str, tls: ssl.SSLContext | None
 ) -> None:
     secure = upstream_url.startswith("https://")
     target = "wss://" + upstream_url[8:] if secure else upstream_url.replace("http://", "ws://", 1)
@@ -515,7 +613,9 @@ class SpaceRoute:
     team: str | None
 
 
-async def _resolve_space(state: Any, principal: identity.Principal, namespace: str, name: str) -> SpaceRoute:
+async def _resolve_space(
+    state: Any, principal: identity.Principal, namespace: str, name: str, *, ready: bool = True
+) -> SpaceRoute:
     """Only the workspace's owner and admins get further than a NotFound that names nothing else: a workspace
     runs its owner's code, so even reading its pages needs the owner's rights.
 
@@ -538,7 +638,7 @@ async def _resolve_space(state: Any, principal: identity.Principal, namespace: s
     route = await run_in_threadpool(lookup)
     if not spaces.may_open(principal, route.team, route.owner):
         raise errors.NotFound(f"workspace '{name}' not found in namespace '{namespace}'")
-    if route.ide is None:
+    if route.ide is None and ready:
         raise errors.Conflict(f"workspace {namespace}/{name} is not ready: {route.message}")
     return route
 
@@ -555,10 +655,15 @@ async def space_proxy(request: Request) -> Response:
     """Forward a request to a workspace's IDE, which serves under the same path (its base URL)."""
     params = request.path_params
     namespace, name = params["namespace"], params["name"]
-    if auth.bearer_token(request.headers.get("authorization")) is not None:
-        principal = await _principal(request)
-    else:  # a browser session on the IDE's pages, whose scripts cannot send raypod's CSRF header
-        principal = await run_in_threadpool(auth.authenticate_same_origin_browser, request)
+    if _browser_session(request):
+        return await _enter_origin(request, origins_mod.Target("space", namespace, name), request.url.path)
+    principal = await _principal(request)
+    return await _proxy_space(request, principal, namespace, name, own_origin=False)
+
+
+async def _proxy_space(
+    request: Request, principal: identity.Principal, namespace: str, name: str, *, own_origin: bool
+) -> Response:
     route = await _resolve_space(request.app.state, principal, namespace, name)
     length = _framing(request)
     url = f"{route.ide}{request.url.path}" + (f"?{request.url.query}" if request.url.query else "")
@@ -572,6 +677,7 @@ async def space_proxy(request: Request) -> Response:
         (principal.user, namespace, f"space/{name}"),
         f"workspace {namespace}/{name}",
         "space",
+        own_origin=own_origin,
     )
 
 
@@ -588,7 +694,151 @@ async def space_websocket(websocket: WebSocket, namespace: str, name: str, path:
         return
     assert route.ide is not None
     headers = {"Authorization": f"token {route.token}"}
-    await _relay_websocket(websocket, f"{route.ide}{websocket.url.path}", headers, f"workspace {namespace}/{name}")
+    key = (principal.user, namespace, f"space/{name}")
+    await _relay_websocket(
+        websocket, f"{route.ide}{websocket.url.path}", headers, f"workspace {namespace}/{name}", limit_key=key
+    )
 
 
 space_http_route = starlette_routing.Route("/spaces/{namespace}/{name}/{path:path}", space_proxy, methods=METHODS)
+
+
+# -- a cluster's or workspace's own origin: <name>--<namespace>.<domain> (see origins) ----------------------------
+
+
+def _target(connection: Request | WebSocket) -> origins_mod.Target:
+    target: origins_mod.Target = connection.scope["raypod.target"]
+    return target
+
+
+async def _origin_principal(request: Request, target: origins_mod.Target) -> identity.Principal | None:
+    """The caller on an origin: a token, or the origin's own cookie (None: neither, a browser to send through
+    the console). A cookie's change must come from a page of this very origin: sibling origins are same-site."""
+    if "authorization" in request.headers:
+        return await _principal(request)
+    found: origins_mod.Origins = request.app.state.origins
+    value = request.cookies.get(found.cookie_name)
+    session = found.session_of(value, target) if value else None
+    if session is None:
+        return None
+    principal: identity.Principal = await run_in_threadpool(
+        request.app.state.identities.authenticate_session_hash, session
+    )
+    if request.method not in auth.SAFE_METHODS:
+        auth.check_same_origin(request)
+        if request.headers.get("sec-fetch-site") != "same-origin":
+            raise errors.Forbidden("a browser's change must come from a page of this origin (Sec-Fetch-Site)")
+    return principal
+
+
+async def origin_enter(request: Request) -> Response:
+    """``/_raypod/enter?ticket=...&next=...``: trade the console's one-time ticket for this origin's cookie."""
+    target = _target(request)
+    found: origins_mod.Origins = request.app.state.origins
+    session = found.redeem(request.query_params.get("ticket", ""), target)
+    if session is None:
+        raise errors.Forbidden("this link has expired or was already used: open the page again from the console")
+    response = RedirectResponse(auth.same_origin_path(request.query_params.get("next", "/")), status_code=303)
+    response.set_cookie(
+        found.cookie_name,
+        found.cookie(target, session),
+        max_age=origins_mod.COOKIE_TTL_S,
+        httponly=True,
+        secure=found.secure,
+        samesite="lax",  # the console's link is a top-level navigation from another site
+        path="/",
+    )
+    return response
+
+
+async def origin_proxy(request: Request) -> Response:
+    target = _target(request)
+    principal = await _origin_principal(request, target)
+    if principal is None:
+        if request.method not in ("GET", "HEAD"):
+            raise errors.Unauthenticated("no credentials: open this page from raypod's console, or send a token")
+        # Back through the console: with a live session it sends the browser here again, with a new ticket.
+        rest = request.url.path.lstrip("/") if target.kind == "cluster" else ""
+        console = request.app.state.settings.public_url + (target.console_path + rest if rest else target.console_path)
+        return RedirectResponse(console, status_code=303)
+    if target.kind == "cluster":
+        path = request.url.path.lstrip("/")
+        return await _proxy_cluster(request, principal, target.namespace, target.name, path, own_origin=True)
+    if not request.url.path.startswith(target.console_path):
+        return RedirectResponse(target.console_path, status_code=307)  # the IDE serves under its base path
+    return await _proxy_space(request, principal, target.namespace, target.name, own_origin=True)
+
+
+async def origin_websocket(websocket: WebSocket) -> None:
+    target = _target(websocket)
+    if not websocket.headers.get("authorization") and not _same_origin(websocket):
+        await websocket.close(code=4403, reason="cross-origin websocket refused")
+        return
+    found: origins_mod.Origins = websocket.app.state.origins
+    value = websocket.cookies.get(found.cookie_name)
+    session = found.session_of(value, target) if value else None
+    try:
+        if websocket.headers.get("authorization") or session is None:
+            principal = await run_in_threadpool(
+                auth.authenticate_websocket,
+                websocket.app.state.identities,
+                websocket.headers.get("authorization"),
+                None,
+            )
+        else:
+            principal = await run_in_threadpool(websocket.app.state.identities.authenticate_session_hash, session)
+        if target.kind == "cluster":
+            route = await _resolve(websocket.app.state, principal, target.namespace, target.name, identity.Verb.VIEW)
+            upstream = f"{route.dashboard}{websocket.url.path}"
+            headers, what, tls = route.headers, "cluster dashboard", route.tls
+        else:
+            space = await _resolve_space(websocket.app.state, principal, target.namespace, target.name)
+            upstream = f"{space.ide}{websocket.url.path}"
+            headers, what, tls = {"Authorization": f"token {space.token}"}, f"workspace {target.label}", None
+    except errors.RaypodError as exc:
+        await _refuse(websocket, exc)
+        return
+    key = (principal.user, target.namespace, target.name if target.kind == "cluster" else f"space/{target.name}")
+    await _relay_websocket(websocket, upstream, headers, what, tls, limit_key=key)
+
+
+def _answer_errors(handler: Any) -> Any:
+    """The origin router is outside the API's exception handlers: it answers raypod's errors the same way."""
+
+    async def answered(request: Request) -> Response:
+        try:
+            result: Response = await handler(request)
+            return result
+        except errors.RaypodError as exc:
+            return JSONResponse(exc.to_dict(), status_code=exc.http_status, headers=origins_mod.ORIGIN_HEADERS)
+
+    return answered
+
+
+origin_router = starlette_routing.Router(
+    routes=[
+        starlette_routing.Route(origins_mod.ENTER_PATH, _answer_errors(origin_enter), methods=["GET"]),
+        starlette_routing.Route("/{path:path}", _answer_errors(origin_proxy), methods=METHODS),
+        starlette_routing.WebSocketRoute("/{path:path}", origin_websocket),
+    ]
+)
+
+
+class OriginDispatch:
+    """Sends every request whose Host is a cluster's or workspace's own origin to ``origin_router`` (with the
+    proxied-body cap); everything else to the console and API."""
+
+    def __init__(self, app: Any, proxied_limit: int) -> None:
+        self.app = app
+        self.origin_app = limits.BodyLimit(origin_router, proxied_limit, proxied_limit, proxied_limit)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            host = next((v for k, v in scope["headers"] if k == b"host"), b"").decode("latin-1")
+            found: origins_mod.Origins | None = getattr(scope["app"].state, "origins", None)
+            target = found.target_of(host) if found is not None and host else None
+            if target is not None:
+                scope["raypod.target"] = target
+                await self.origin_app(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

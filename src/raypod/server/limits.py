@@ -10,21 +10,26 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from raypod import errors
 
 UPLOAD_SUFFIX = "/working-dirs"
-GATEWAY_PREFIX = "/clusters/"  # bodies bound for Ray (job submissions, package uploads): Ray applies its own
+# Bodies bound for a cluster or a workspace (job submissions, package uploads, notebooks saved): the gateway's cap.
+PROXIED_PREFIXES = ("/clusters/", "/spaces/")
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, json_limit: int, upload_limit: int) -> None:
+    def __init__(self, app: ASGIApp, json_limit: int, upload_limit: int, proxied_limit: int) -> None:
         self.app = app
         self.json_limit = json_limit
         self.upload_limit = upload_limit
+        self.proxied_limit = proxied_limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path", "")
-        if scope["type"] != "http" or path.startswith(GATEWAY_PREFIX):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.upload_limit if path.endswith(UPLOAD_SUFFIX) else self.json_limit
+        if path.startswith(PROXIED_PREFIXES):
+            limit = self.proxied_limit
+        else:
+            limit = self.upload_limit if path.endswith(UPLOAD_SUFFIX) else self.json_limit
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
         if declared.isdigit() and int(declared) > limit:
             await _too_large(send, limit)

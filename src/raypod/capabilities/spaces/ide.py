@@ -56,7 +56,10 @@ def installed_versions(environment: Path, names: tuple[str, ...]) -> dict[str, s
     """The versions of ``names`` a virtual environment has, from its ``*.dist-info/METADATA`` files (what pip
     writes); regular files only, read with a cap."""
     found: dict[str, str] = {}
-    for site in sorted(environment.glob("lib/python3*/site-packages"))[:4]:
+    sites = sorted(environment.glob("lib/python3*/site-packages"))[:4]
+    for site in list(sites):
+        sites += _pth_dirs(site)  # what the environment's .pth files add to its path (another installation's)
+    for site in sites:
         for name in names:
             for info in sorted(site.glob(f"{name}-*.dist-info"))[:4]:
                 version = _metadata_version(info / "METADATA", name)
@@ -65,7 +68,19 @@ def installed_versions(environment: Path, names: tuple[str, ...]) -> dict[str, s
     return found
 
 
-def _metadata_version(path: Path, name: str) -> str | None:
+def _pth_dirs(site: Path) -> list[Path]:
+    """The directories the .pth files of ``site`` name (path lines only: lines that import are never run)."""
+    found: list[Path] = []
+    for pth in sorted(site.glob("*.pth"))[:16]:
+        text = _read_capped(pth)
+        for line in (text or "").splitlines()[:64]:
+            line = line.strip()
+            if line and not line.startswith(("#", "import")) and Path(line).is_absolute() and Path(line).is_dir():
+                found.append(Path(line))
+    return found[:16]
+
+
+def _read_capped(path: Path) -> str | None:
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -73,7 +88,13 @@ def _metadata_version(path: Path, name: str) -> str | None:
     with os.fdopen(descriptor, "rb") as handle:
         if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
             return None
-        text = handle.read(_MAX_METADATA_BYTES).decode("utf-8", "replace")
+        return handle.read(_MAX_METADATA_BYTES).decode("utf-8", "replace")
+
+
+def _metadata_version(path: Path, name: str) -> str | None:
+    text = _read_capped(path)
+    if text is None:
+        return None
     fields = dict(
         line.split(": ", 1) for line in text.split("\n\n", 1)[0].splitlines() if ": " in line and line[0] != " "
     )

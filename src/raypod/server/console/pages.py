@@ -152,8 +152,7 @@ def _namespaces(request: Request, principal: identity.Principal) -> list[str]:
 @router.get("/login", response_class=HTMLResponse)
 def login_page(request: Request, next: str = "/") -> Response:
     """Public: the token login form. ``next`` must be a path on this server (no open redirect)."""
-    safe_next = next if next.startswith("/") and not next.startswith("//") and "\\" not in next else "/"
-    return _render(request, None, "login.html", next_url=safe_next)
+    return _render(request, None, "login.html", next_url=auth.same_origin_path(next))
 
 
 @router.get("/")

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import raypod
 from raypod import errors, state
 from raypod.controlplane import governance, identity, store
-from raypod.server.auth import CSRF_HEADER, SESSION_COOKIE, Caller, check_same_origin, identities
+from raypod.server.auth import CSRF_HEADER, Caller, check_same_origin, identities, session_cookie_name, session_id
 
 router = APIRouter(prefix="/api/v1", tags=["identities"])
 login_router = APIRouter(tags=["login"])
@@ -174,10 +174,10 @@ def login(request: Request, response: Response, ids: Identities, token: Annotate
     token: revoking it ends the session. Only this server's own pages may post here (no login CSRF)."""
     check_same_origin(request)
     principal = ids.authenticate_token(token.strip()[:512])
-    session_id, csrf = ids.create_session(principal)
+    session, csrf = ids.create_session(principal)
     response.set_cookie(
-        SESSION_COOKIE,
-        session_id,
+        session_cookie_name(request.url.scheme == "https"),
+        session,
         httponly=True,
         secure=request.url.scheme == "https",
         samesite="strict",
@@ -188,8 +188,9 @@ def login(request: Request, response: Response, ids: Identities, token: Annotate
 
 @login_router.post("/logout")
 def logout(request: Request, response: Response, ids: Identities, caller: Caller) -> dict[str, str]:
-    session_id = request.cookies.get(SESSION_COOKIE)
-    if session_id:
-        ids.end_session(session_id)
-    response.delete_cookie(SESSION_COOKIE)
+    session = session_id(request)
+    if session:
+        ids.end_session(session)
+    secure = request.url.scheme == "https"
+    response.delete_cookie(session_cookie_name(secure), secure=secure, httponly=True, samesite="strict")
     return {"user": caller.user, "status": "logged out"}
