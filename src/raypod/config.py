@@ -74,6 +74,19 @@ def _float_env(name: str, default: float) -> float:
 DEFAULT_PRIORITY_CLASSES = {"low": 0, "normal": 100, "high": 1000}
 
 
+def _priority_teams(raw: str | None) -> dict[str, tuple[str, ...]]:
+    """``high=ops,ml;urgent=ops``: the teams that may use each class above normal."""
+    found: dict[str, tuple[str, ...]] = {}
+    for part in (raw or "").split(";"):
+        if not part.strip():
+            continue
+        name, sep, teams = part.partition("=")
+        if not sep or not name.strip():
+            raise errors.InvalidSpec(f"RAYPOD_PRIORITY_TEAMS: '{part}' is not class=team,team")
+        found[name.strip()] = tuple(t.strip() for t in teams.split(",") if t.strip())
+    return found
+
+
 def _priority_classes(raw: str | None) -> dict[str, int]:
     """``low=0,normal=100,high=1000``; ``normal`` must be among them (it is every spec's default)."""
     if not raw:
@@ -158,6 +171,9 @@ class Settings:
     # Governance: priority classes by name (higher runs first and may preempt), and the pool admission fills (None:
     # what the backend says its machines hold; CPUs are Ray's logical ones, unlimited unless set).
     priority_classes: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PRIORITY_CLASSES))
+    # Which teams may use each class above "normal" (RAYPOD_PRIORITY_TEAMS="high=ops,ml;urgent=ops"); others may
+    # not (installation admins may use any).
+    priority_teams: dict[str, tuple[str, ...]] = field(default_factory=dict)
     pool_cpus: float | None = None
     pool_memory: int | None = None
     pool_gpus: int | None = None
@@ -188,6 +204,7 @@ class Settings:
             "node_env_passthrough": _names_env("RAYPOD_NODE_ENV_PASSTHROUGH"),
             "outbound": outbound_mod.Policy.from_env(),
             "priority_classes": _priority_classes(os.environ.get("RAYPOD_PRIORITY_CLASSES")),
+            "priority_teams": _priority_teams(os.environ.get("RAYPOD_PRIORITY_TEAMS")),
             "pool_cpus": _optional_float_env("RAYPOD_POOL_CPUS"),
             "pool_memory": _optional_int(_optional_float_env("RAYPOD_POOL_MEMORY")),
             "pool_gpus": _optional_int(_optional_float_env("RAYPOD_POOL_GPUS")),

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,11 +17,13 @@ from typing import Any
 
 import httpx
 import pytest
+import websockets.sync.server
+from starlette.websockets import WebSocketDisconnect
 
 from raypod import errors, outbound, untrusted_files
 from raypod.capabilities.hangwatch import layout
 from raypod.capabilities.spaces import ide
-from tests.security.conftest import App, EchoDashboard
+from tests.security.conftest import App, EchoBackend, EchoDashboard, make_app
 from tests.security.test_attacks import wait_ready
 
 
@@ -374,3 +377,105 @@ def test_the_outbound_policy_allows_what_an_operator_names_and_pins_the_checked_
             outbound.check_host(refused, 80, outbound.Policy())
     with pytest.raises(errors.InvalidSpec):
         outbound.check_url("file:///etc/passwd", outbound.Policy())
+
+
+# -- 7. limits and leaks ------------------------------------------------------------------------------------------
+
+
+def test_a_team_admin_cannot_raise_their_own_teams_quota_but_divides_it(app: App) -> None:
+    raised = app.http.put("/api/v1/teams/ml/quota", json={"cpus": 1000}, headers=app.as_("carol"))
+    assert raised.status_code == 403 and "installation admins" in raised.json()["message"]
+    assert app.http.put("/api/v1/teams/ml/quota", json={"cpus": 8}, headers=app.as_("admin")).status_code == 200
+    divided = app.http.put("/api/v1/namespaces/ml/quota", json={"cpus": 4}, headers=app.as_("carol"))
+    assert divided.status_code == 200, divided.text
+
+
+def test_a_member_cannot_use_a_preempting_priority_unless_an_admin_allows_the_team(tmp_path: Path) -> None:
+    body = {"name": "urgent", "namespace": "ml", "priority": "high", "worker_groups": []}
+    for app in make_app(tmp_path / "default"):
+        refused = app.http.post("/api/v1/clusters", json=body, headers=app.as_("alice"))
+        assert refused.status_code == 403 and "RAYPOD_PRIORITY_TEAMS" in refused.json()["message"]
+        assert app.http.post("/api/v1/clusters", json=body, headers=app.as_("admin")).status_code == 202
+    for app in make_app(tmp_path / "allowed", priority_teams={"high": ("ml",)}):
+        assert app.http.post("/api/v1/clusters", json=body, headers=app.as_("alice")).status_code == 202
+        other = {**body, "namespace": "other"}
+        assert app.http.post("/api/v1/clusters", json=other, headers=app.as_("dave")).status_code == 403
+
+
+def test_a_team_admin_cannot_add_members_to_another_team(app: App) -> None:
+    added = app.http.post("/api/v1/teams/other/members", json={"user": "carol"}, headers=app.as_("carol"))
+    assert added.status_code == 403
+    assert "other" not in app.http.get("/api/v1/whoami", headers=app.as_("carol")).json()["teams"]
+
+
+def test_another_teams_job_answers_as_a_missing_one(app: App) -> None:
+    app.cluster("train", owner="alice")
+    wait_ready(app, "ml", "train")
+    job = app.http.post(
+        "/api/v1/namespaces/ml/clusters/train/jobs", json={"entrypoint": "python t.py"}, headers=app.as_("alice")
+    ).json()
+    hidden = app.http.get(f"/api/v1/jobs/{job['id']}", headers=app.as_("dave"))
+    missing = app.http.get("/api/v1/jobs/rj-0000000000", headers=app.as_("dave"))
+    assert hidden.status_code == missing.status_code == 404
+    assert hidden.json()["message"].replace(job["id"], "X") == missing.json()["message"].replace("rj-0000000000", "X")
+    for verb in ("logs", "stop"):
+        method = app.http.post if verb == "stop" else app.http.get
+        assert method(f"/api/v1/jobs/{job['id']}/{verb}", headers=app.as_("dave")).status_code == 404
+
+
+def test_a_refusal_names_no_team_and_is_the_same_for_a_namespace_that_does_not_exist(app: App) -> None:
+    hidden = app.http.get("/api/v1/namespaces/ml/clusters", headers=app.as_("dave")).json()["message"]
+    missing = app.http.get("/api/v1/namespaces/nope/clusters", headers=app.as_("dave")).json()["message"]
+    assert hidden.replace("'ml'", "'X'") == missing.replace("'nope'", "'X'")
+    assert "team 'ml'" not in hidden
+
+
+def test_a_proxied_body_over_the_cap_is_413_before_it_reaches_the_cluster(tmp_path: Path) -> None:
+    dashboard = EchoDashboard()
+    try:
+        for app in make_app(tmp_path, EchoBackend(dashboard), gateway_max_body_bytes=4096):
+            app.cluster("train", owner="alice")
+            wait_ready(app, "ml", "train")
+            big = app.http.put("/clusters/ml/train/api/packages/x", content=b"x" * 8192, headers=app.as_("alice"))
+            assert big.status_code == 413
+            ok = app.http.put("/clusters/ml/train/api/packages/x", content=b"x" * 1024, headers=app.as_("alice"))
+            assert ok.status_code == 200
+    finally:
+        dashboard.close()
+    assert [r["path"] for r in dashboard.received] == ["/api/packages/x"]
+
+
+def test_one_user_cannot_hold_more_websockets_than_the_in_flight_limit(tmp_path: Path) -> None:
+    release = threading.Event()
+
+    def hold(connection: Any) -> None:
+        connection.send("open")
+        release.wait(20)
+
+    upstream = websockets.sync.server.serve(hold, "127.0.0.1", 0)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    dashboard = EchoDashboard()
+    dashboard.url = f"http://127.0.0.1:{upstream.socket.getsockname()[1]}"
+    try:
+        for app in make_app(tmp_path, EchoBackend(dashboard), gateway_max_in_flight=2):
+            app.cluster("train", owner="alice")
+            wait_ready(app, "ml", "train")
+            path = "/clusters/ml/train/api/logs"
+            with (
+                app.http.websocket_connect(path, headers=app.as_("alice")) as first,
+                app.http.websocket_connect(path, headers=app.as_("alice")) as second,
+            ):
+                assert first.receive_text() == second.receive_text() == "open"
+                with (
+                    pytest.raises(WebSocketDisconnect) as third,
+                    app.http.websocket_connect(path, headers=app.as_("alice")) as refused,
+                ):
+                    refused.receive_text()
+                assert third.value.code == 4429
+                with app.http.websocket_connect(path, headers=app.as_("bob")) as others:
+                    assert others.receive_text() == "open", "the limit is per user"
+            release.set()
+    finally:
+        release.set()
+        upstream.shutdown()
+        dashboard.close()

@@ -29,7 +29,7 @@ def app_client(home: Path, backend: FakeBackend | None = None, **settings: Any) 
 
 @pytest.fixture
 def gov(tmp_path: Path) -> Iterator[TestClient]:
-    with app_client(tmp_path, pool_cpus=6) as client:
+    with app_client(tmp_path, pool_cpus=6, priority_teams={"high": ("ml",)}) as client:
         yield client
 
 

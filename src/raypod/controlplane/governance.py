@@ -35,6 +35,7 @@ class GovernanceService:
         backend: base.Backend,
         *,
         priority_classes: dict[str, int],
+        priority_teams: dict[str, tuple[str, ...]] | None = None,
         pool_cpus: float | None = None,
         pool_memory: int | None = None,
         pool_gpus: int | None = None,
@@ -48,6 +49,8 @@ class GovernanceService:
         self.identities = identities
         self.backend = backend
         self.priority_classes = dict(priority_classes)
+        # Classes above "normal" preempt other teams' work: only the teams an admin names may use them.
+        self.priority_teams = dict(priority_teams or {})
         self._pool_override = (pool_cpus, pool_memory, pool_gpus)
         self.wake = wake
         self._lock = threading.Lock()  # admission decisions one at a time: creates and the loop's passes
@@ -59,9 +62,13 @@ class GovernanceService:
         self, caller: identity.Principal, team: str, quota: spec_mod.QuotaSpec | None
     ) -> state.QuotaView | None:
         """Set (or, with None, remove) a team's quota. A quota below what the team already runs stops nothing:
-        its new work waits. Raises Forbidden (not an admin of the team), NotFound (no such team)."""
-        if not (caller.is_admin or caller.teams.get(team) is state.Role.ADMIN):
-            raise errors.Forbidden(f"only admins of team '{team}' (or global admins) may set its quota")
+        its new work waits. Installation admins only: a team's share of the whole is not the team's to raise
+        (its admins divide it among its namespaces). Raises Forbidden (not an installation admin), NotFound."""
+        if not caller.is_admin:
+            raise errors.Forbidden(
+                "only installation admins set a team's quota; a team's admins divide it among its namespaces "
+                "(raypod quota set --namespace)"
+            )
         if not self.identities.team_exists(team):
             raise errors.NotFound(f"team '{team}' not found")
         self.store.set_quota(team, quota, caller.user)
@@ -90,7 +97,7 @@ class GovernanceService:
         if team is None:
             raise errors.NotFound(f"namespace '{namespace}' not found")
         if not (caller.is_admin or team in caller.teams):
-            raise errors.Forbidden(f"only members of team '{team}' may see its namespaces' quotas")
+            raise errors.Forbidden(f"only members of its team may see namespace '{namespace}'s quotas")
         for view in self._quota_views():
             if view.namespace == namespace:
                 return view
@@ -170,15 +177,26 @@ class GovernanceService:
 
     # -- admission -----------------------------------------------------------------------------------------
 
-    def check_priority(self, spec: spec_mod.ClusterSpec) -> None:
+    def check_priority(self, spec: spec_mod.ClusterSpec, caller: identity.Principal | None = None) -> None:
+        """Raises InvalidSpec (an unknown class), Forbidden (a class above ``normal`` that the caller's team may
+        not use: RAYPOD_PRIORITY_TEAMS names who may; installation admins may use any)."""
         if spec.priority not in self.priority_classes:
             known = ", ".join(sorted(self.priority_classes, key=self.priority_classes.__getitem__))
             raise errors.InvalidSpec(f"priority: unknown class '{spec.priority}' (classes: {known})")
+        above_normal = self.priority_classes[spec.priority] > self.priority_classes.get("normal", 0)
+        if caller is None or caller.is_admin or not above_normal:
+            return
+        team = self.identities.namespace_team(spec.namespace)
+        if team not in self.priority_teams.get(spec.priority, ()):
+            raise errors.Forbidden(
+                f"priority '{spec.priority}' may preempt other teams' work: only the teams an installation admin "
+                f"allows may use it (RAYPOD_PRIORITY_TEAMS), and team '{team}' is not one of them"
+            )
 
-    def on_create(self, spec: spec_mod.ClusterSpec) -> tuple[bool, str]:
+    def on_create(self, spec: spec_mod.ClusterSpec, caller: identity.Principal | None = None) -> tuple[bool, str]:
         """Whether ``spec`` waits (is queued), and why; or, admitted at once, a note (``borrowed``). Raises
-        QuotaExceeded where the team's policy rejects work beyond its quota."""
-        self.check_priority(spec)
+        QuotaExceeded where the team's policy rejects work beyond its quota; Forbidden (its priority class)."""
+        self.check_priority(spec, caller)
         if not self.admits or self._nothing_limits():
             return False, ""
         with self._lock:

@@ -65,9 +65,14 @@ def authorize(
     """
     if principal.is_admin:
         return
-    if namespace_team is None:
-        raise errors.Forbidden(f"namespace '{namespace}' does not exist; an admin can create it")
-    role = principal.teams.get(namespace_team)
+    role = principal.teams.get(namespace_team) if namespace_team is not None else None
+    if role is None:
+        # One answer for a namespace that does not exist and one of a team the caller is not in: neither its
+        # existence nor its team is told to outsiders.
+        raise errors.Forbidden(
+            f"user '{principal.user}' may not {verb.value} namespace '{namespace}': it does not exist, or you are "
+            "not a member of its team"
+        )
     if verb in (Verb.VIEW, Verb.CREATE) and role is not None:
         return
     if verb is Verb.OPERATE and (role is state.Role.ADMIN or (owner is not None and owner == principal.user)):
@@ -78,10 +83,7 @@ def authorize(
             f"user '{principal.user}' may not operate clusters in namespace '{namespace}': "
             f"only {who} or admins of team '{namespace_team}' may submit or stop jobs, scale or delete"
         )
-    raise errors.Forbidden(
-        f"user '{principal.user}' may not {verb.value} namespace '{namespace}': "
-        f"only members of team '{namespace_team}' may"
-    )
+    raise errors.Forbidden(f"user '{principal.user}' may not {verb.value} namespace '{namespace}'")
 
 
 def _hash(secret: str) -> str:

@@ -55,7 +55,7 @@ class ClusterService:
         else:
             # What can never fit is refused; what does not fit beside the others, or beyond the team's quota, waits.
             capacity.check_capacity(spec, [], self.backend.capacity())
-            queued, reason = self.governance.on_create(spec)
+            queued, reason = self.governance.on_create(spec, caller)
         view = self.store.insert(spec, queued=queued, reason=reason)
         self.store.record(view, state.EventType.NORMAL, "Created", _summary(spec))
         if queued:

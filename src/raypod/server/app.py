@@ -41,6 +41,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
             ids,
             chosen,
             priority_classes=settings.priority_classes,
+            priority_teams=settings.priority_teams,
             pool_cpus=settings.pool_cpus,
             pool_memory=settings.pool_memory,
             pool_gpus=settings.pool_gpus,

@@ -180,7 +180,7 @@ def test_quotas_page_shows_usage_beside_quota_and_the_queue_to_the_teams_members
     client.put("/api/v1/teams/ml/quota", json={"cpus": 1, "memory": "8Gi"}, headers=admin).raise_for_status()
     small = {"head": {"cpus": 1, "memory": "1Gi"}, "namespace": "ml"}
     client.post("/api/v1/clusters", json={"name": "first", **small}, headers=ana).raise_for_status()
-    client.post("/api/v1/clusters", json={"name": "second", "priority": "high", **small}, headers=ana)
+    client.post("/api/v1/clusters", json={"name": "second", "priority": "low", **small}, headers=ana)
     wait_ready(client, ana, "ml", "first")
 
     page = client.get("/quotas", headers=ana).text

@@ -93,8 +93,12 @@ class JobService:
         return self.records.of_cluster(namespace, cluster)
 
     def get(self, caller: identity.Principal, job_id: str) -> state.JobView:
+        """Raises NotFound, the same for a job that does not exist and one the caller may not see."""
         job = self.records.load(job_id)
-        self.clusters.authorize(caller, identity.Verb.VIEW, job.namespace)
+        try:
+            self.clusters.authorize(caller, identity.Verb.VIEW, job.namespace)
+        except errors.Forbidden:
+            raise errors.NotFound(f"job '{job_id[:40]}' not found") from None
         return job
 
     def stop(self, caller: identity.Principal, job_id: str) -> state.JobView:
