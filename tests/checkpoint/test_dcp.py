@@ -40,7 +40,7 @@ def zeros_like(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_save_uploads_in_the_background_and_load_prefers_local_disk(s3: S3, tmp_path: Path) -> None:
     net = model()
     local = tmp_path / "step-1"
-    writer = TieredWriter(local, durable_url=s3.url("dcp/step-1"), storage_options=s3.options())
+    writer = TieredWriter(local, durable_url=s3.url("dcp/step-1"), storage_options=s3.options(), key="k")
     dcp.save(net.state_dict(), storage_writer=writer)
     assert (local / MARKER).exists()
     assert writer.wait_upload(timeout=120), writer.upload_error
@@ -53,7 +53,7 @@ def test_save_uploads_in_the_background_and_load_prefers_local_disk(s3: S3, tmp_
 
     shutil.rmtree(local)  # the node is gone: load from S3
     target = zeros_like(net)
-    reader = TieredReader(local, s3.url("dcp/step-1"), s3.options(), cache_dir=tmp_path / "cache")
+    reader = TieredReader(local, s3.url("dcp/step-1"), s3.options(), cache_dir=tmp_path / "cache", key="k")
     dcp.load(target, storage_reader=reader)
     assert reader.tier == "durable"
     assert all(torch.equal(target[k], v) for k, v in net.state_dict().items())
@@ -62,7 +62,7 @@ def test_save_uploads_in_the_background_and_load_prefers_local_disk(s3: S3, tmp_
 def test_async_save_and_a_corrupt_local_copy_falls_back_to_s3(s3: S3, tmp_path: Path) -> None:
     net = model()
     local = tmp_path / "step-2"
-    writer = TieredWriter(local, durable_url=s3.url("dcp/step-2"), storage_options=s3.options())
+    writer = TieredWriter(local, durable_url=s3.url("dcp/step-2"), storage_options=s3.options(), key="k")
     future = dcp.async_save(net.state_dict(), storage_writer=writer)
     future.result(timeout=120)
     assert writer.wait_upload(timeout=120), writer.upload_error
@@ -71,7 +71,7 @@ def test_async_save_and_a_corrupt_local_copy_falls_back_to_s3(s3: S3, tmp_path: 
     damaged[len(damaged) // 2] ^= 0xFF
     data.write_bytes(bytes(damaged))
     target = zeros_like(net)
-    reader = TieredReader(local, s3.url("dcp/step-2"), s3.options(), cache_dir=tmp_path / "cache")
+    reader = TieredReader(local, s3.url("dcp/step-2"), s3.options(), cache_dir=tmp_path / "cache", key="k")
     dcp.load(target, storage_reader=reader)
     assert reader.tier == "durable"
     assert all(torch.equal(target[k], v) for k, v in net.state_dict().items())

@@ -10,10 +10,19 @@
 In each tier a checkpoint is complete only once ``.raypod-complete`` (file names, sizes and xxh3 checksums) is
 written, after every other file. The local directory must be visible to every rank (one node or a shared file
 system), as with ``FileSystemWriter``.
+
+DCP's ``.metadata`` is a pickle, and loading a pickle runs code. A copy from durable storage (a bucket others may
+write) is therefore loaded only when its marker carries a valid HMAC made with the writer's key: ``key=``, else
+``DCP_CHECKPOINT_KEY`` from the environment, else one derived from the cluster's own Ray token (``RAY_AUTH_TOKEN``,
+which raypod gives every node of a cluster and no other cluster): set ``DCP_CHECKPOINT_KEY`` in the cluster's env
+to resume a run on another cluster. File names in a marker are plain names; one that would leave the checkpoint's
+directory is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -50,11 +59,59 @@ def _inventory(folder: Path) -> dict[str, dict[str, int]]:
     }
 
 
+KEY_VARIABLE = "DCP_CHECKPOINT_KEY"
+
+
+def signing_key(key: bytes | str | None = None) -> bytes | None:
+    """The key that signs a marker: given, from the environment, or derived from the cluster's Ray token."""
+    if key is None:
+        key = os.environ.get(KEY_VARIABLE) or None
+    if key is None and os.environ.get("RAY_AUTH_TOKEN"):
+        return hmac.new(os.environ["RAY_AUTH_TOKEN"].encode(), b"raypod-dcp-checkpoint", hashlib.sha256).digest()
+    return key.encode() if isinstance(key, str) else key
+
+
+def _signature(files: dict[str, Any], key: bytes) -> str:
+    return hmac.new(key, json.dumps(files, sort_keys=True).encode(), hashlib.sha256).hexdigest()
+
+
+def _marker(files: dict[str, Any], key: bytes | None) -> str:
+    return json.dumps({"files": files, **({"hmac": _signature(files, key)} if key else {})})
+
+
+def _checked_names(marker: bytes, source: str, key: bytes | None, *, signed: bool) -> dict[str, Any]:
+    """The marker's files, after refusing names that leave the directory and, with ``signed``, a marker whose
+    HMAC does not match ``key``.
+
+    Raises:
+        CorruptCheckpoint."""
+    try:
+        data = json.loads(marker)
+        files = data["files"]
+    except (ValueError, KeyError, TypeError):
+        raise CorruptCheckpoint(f"{source}: unreadable marker") from None
+    if not isinstance(files, dict):
+        raise CorruptCheckpoint(f"{source}: unreadable marker")
+    for name in files:
+        if not isinstance(name, str) or name in ("", ".", "..", MARKER) or "/" in name or "\\" in name or "\0" in name:
+            raise CorruptCheckpoint(f"{source}: the marker names a file outside the checkpoint ({str(name)[:80]!r})")
+    if signed:
+        if key is None:
+            raise CorruptCheckpoint(
+                f"{source}: a durable copy is loaded only when signed (its .metadata is a pickle): set "
+                f"{KEY_VARIABLE} (or run on the raypod cluster that wrote it)"
+            )
+        given = data.get("hmac")
+        if not isinstance(given, str) or not hmac.compare_digest(given, _signature(files, key)):
+            raise CorruptCheckpoint(f"{source}: the marker is not signed with this cluster's key; refusing to load it")
+    return files
+
+
 def _verify(folder: Path) -> None:
     """Raises CorruptCheckpoint: no marker (incomplete) or a file that does not match it."""
     try:
-        expected = json.loads((folder / MARKER).read_text())["files"]
-    except (OSError, ValueError, KeyError):
+        expected = _checked_names((folder / MARKER).read_bytes(), str(folder), None, signed=False)
+    except OSError:
         raise CorruptCheckpoint(f"{folder}: no complete checkpoint (marker missing)") from None
     for name, info in expected.items():
         path = folder / name
@@ -70,9 +127,11 @@ class TieredWriter(FileSystemWriter):
         path: str | os.PathLike[str],
         durable_url: str | None = None,
         storage_options: dict[str, Any] | None = None,
+        key: bytes | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(path, **kwargs)
+        self.key = signing_key(key)
         self.durable_url = durable_url
         self.storage_options = storage_options or {}
         self.upload: threading.Thread | None = None
@@ -81,7 +140,7 @@ class TieredWriter(FileSystemWriter):
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         super().finish(metadata, results)
         folder = Path(self.path)
-        marker = json.dumps({"files": _inventory(folder)})
+        marker = _marker(_inventory(folder), self.key)
         partial = folder / f"{MARKER}.tmp"
         partial.write_text(marker)
         with open(partial, "rb+") as handle:
@@ -125,8 +184,10 @@ class TieredReader(FileSystemReader):
         durable_url: str | None = None,
         storage_options: dict[str, Any] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        key: bytes | str | None = None,
     ) -> None:
         problems = []
+        self.key = signing_key(key)
         local = Path(path)
         try:
             _verify(local)
@@ -135,13 +196,14 @@ class TieredReader(FileSystemReader):
             problems.append(str(exc))
             if not durable_url:
                 raise
-            chosen, self.tier = self._download(durable_url, storage_options or {}, cache_dir, problems), "durable"
+            chosen = self._download(durable_url, storage_options or {}, cache_dir, problems, self.key)
+            self.tier = "durable"
         if problems:
             log.warning("DCP checkpoint: %s; using the %s tier", "; ".join(problems), self.tier)
         super().__init__(chosen)
 
     @staticmethod
-    def _download(url: str, options: dict[str, Any], cache_dir: Any, problems: list[str]) -> Path:
+    def _download(url: str, options: dict[str, Any], cache_dir: Any, problems: list[str], key: bytes | None) -> Path:
         fs, root = fsspec.core.url_to_fs(url, **options)
         target = Path(cache_dir) if cache_dir else Path(tempfile.mkdtemp(prefix="raypod-dcp-"))
         target.mkdir(parents=True, exist_ok=True)
@@ -149,7 +211,7 @@ class TieredReader(FileSystemReader):
             marker = fs.cat_file(f"{root}/{MARKER}")
         except FileNotFoundError:
             raise CorruptCheckpoint(f"{url}: no complete checkpoint ({'; '.join(problems)})") from None
-        for name in json.loads(marker)["files"]:
+        for name in _checked_names(marker, url, key, signed=True):
             fs.get_file(f"{root}/{name}", str(target / name))
         (target / MARKER).write_bytes(marker)
         _verify(target)
