@@ -223,6 +223,9 @@ class Settings:
         return self.database_url or f"sqlite:///{self.home / 'raypod.db'}"
 
 
+PROMETHEUS_PASSWORD_FILE = "prometheus-password"
+
+
 def monitoring_dir(home: Path) -> Path:
     return home / "monitoring"
 
@@ -234,6 +237,9 @@ class MonitoringEndpoints:
 
     prometheus_url: str | None = None
     grafana_url: str | None = None
+    # Basic auth for Prometheus' API: the one `raypod monitoring up` made (0600 beside it), or the environment's
+    # RAYPOD_PROMETHEUS_USER/RAYPOD_PROMETHEUS_PASSWORD for an operator's own Prometheus. Never given to nodes.
+    prometheus_auth: tuple[str, str] | None = None
 
     @classmethod
     def read(cls, home: Path) -> MonitoringEndpoints:
@@ -243,9 +249,18 @@ class MonitoringEndpoints:
             data = {}
         if not isinstance(data, dict):
             data = {}
+        auth = None
+        if os.environ.get("RAYPOD_PROMETHEUS_PASSWORD"):
+            auth = (os.environ.get("RAYPOD_PROMETHEUS_USER", "raypod"), os.environ["RAYPOD_PROMETHEUS_PASSWORD"])
+        else:
+            try:
+                auth = ("raypod", (monitoring_dir(home) / PROMETHEUS_PASSWORD_FILE).read_text().strip())
+            except OSError:
+                auth = None
         return cls(
             prometheus_url=os.environ.get("RAYPOD_PROMETHEUS_URL") or data.get("prometheus_url") or None,
             grafana_url=os.environ.get("RAYPOD_GRAFANA_URL") or data.get("grafana_url") or None,
+            prometheus_auth=auth,
         )
 
     def ray_dashboard_env(self) -> dict[str, str]:

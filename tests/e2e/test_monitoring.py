@@ -18,6 +18,7 @@ import pytest
 
 from raypod import errors
 from raypod.capabilities.observability import dashboards, prometheus
+from raypod.client._http import tls_verify
 from raypod.testing import free_port
 from tests.e2e.conftest import BROWSER_ARTIFACTS, BROWSER_MISSING, CHROMIUM, RaypodServer, log_in
 from tests.e2e.test_gateway import run_cli
@@ -53,7 +54,8 @@ def prom(raypod_server: RaypodServer) -> Iterator[prometheus.PrometheusClient]:
     port = free_port()
     started = run_cli(raypod_server, "raypod", "monitoring", "up", "--port", str(port), "--scrape-interval", "2s")
     assert started.returncode == 0, started.stderr + started.stdout
-    client = prometheus.PrometheusClient(f"http://127.0.0.1:{port}")
+    password = (raypod_server.home / "monitoring" / "prometheus-password").read_text().strip()
+    client = prometheus.PrometheusClient(f"http://127.0.0.1:{port}", auth=("raypod", password))
     try:
         yield client
     finally:
@@ -150,10 +152,16 @@ def test_console_charts_and_the_ray_dashboard_use_prometheus(
     by_key = eventually(cpu_chart_has_points)
     assert by_key["memory"]["series"][0]["points"][-1][1] > 100 * 2**20
 
-    # The head started after `monitoring up`: its Ray dashboard finds Prometheus (through the gateway).
-    with raypod_server.client() as api:
-        health = api.request("GET", "/clusters/default/mon-a/api/prometheus_health")
-    assert health["result"] is True, health
+    # Prometheus holds every tenant's metrics and answers only raypod's credentials (issue 28): the head's Ray
+    # dashboard (reached through the gateway) and anything else on the host are refused.
+    with httpx.Client(verify=tls_verify(raypod_server.ca_file)) as http:
+        health = http.get(
+            f"{raypod_server.url}/clusters/default/mon-a/api/prometheus_health",
+            headers={"Authorization": f"Bearer {raypod_server.admin_token}"},
+        )
+    assert health.status_code >= 400 or health.json().get("result") is False, health.text  # Ray answers 500
+    anonymous = httpx.get(f"{prom.url}/api/v1/query", params={"query": "up"}, timeout=5)
+    assert anonymous.status_code == 401
 
 
 @pytest.mark.browser
@@ -183,7 +191,7 @@ def test_a_deleted_cluster_drops_out_of_discovery_and_scraping(
     assert "mon-b" not in {group["labels"]["ray_io_cluster"] for group in sd}
 
     def gone_from_targets() -> bool:
-        response = httpx.get(f"{prom.url}/api/v1/targets", params={"state": "active"})
+        response = prom.http.get(f"{prom.url}/api/v1/targets", params={"state": "active"})
         names = {t["labels"].get("ray_io_cluster") for t in response.json()["data"]["activeTargets"]}
         return "mon-b" not in names and "mon-a" in names
 

@@ -479,3 +479,111 @@ def test_one_user_cannot_hold_more_websockets_than_the_in_flight_limit(tmp_path:
         release.set()
         upstream.shutdown()
         dashboard.close()
+
+
+# -- 8. the suspected items: KubeRay pods ---------------------------------------------------------------------------
+
+
+def test_kuberay_pods_get_no_api_token_and_a_restrictive_security_context(kuberay_crds: Path) -> None:
+    from raypod import spec as spec_mod
+    from raypod.backends.kuberay import manifests
+    from tests.backends.kuberay.test_manifests import crd_schema
+
+    spec = spec_mod.parse_spec({"name": "c", "worker_groups": [{"name": "w", "replicas": 1}]})
+    documents = {
+        "rayclusters": manifests.raycluster(spec)["spec"],
+        "rayjobs": manifests.rayjob(
+            spec,
+            "j",
+            entrypoint="python x.py",
+            runtime_env={},
+            max_retries=0,
+            shutdown_after_finish=True,
+            metadata={},
+        )["spec"],
+    }
+    templates = [documents["rayclusters"]["headGroupSpec"]["template"]]
+    templates += [group["template"] for group in documents["rayclusters"]["workerGroupSpecs"]]
+    for template in templates:
+        pod = template["spec"]
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        container = pod["containers"][0]["securityContext"]
+        assert container == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    for kind, document in documents.items():
+        schema = crd_schema(kuberay_crds / f"ray.io_{kind}.yaml")["properties"]["spec"]
+        assert manifests.unknown_fields(document, schema) == [], kind
+
+
+# -- 9. every route of the app, with real names ------------------------------------------------------------------
+
+# What a team member who owns nothing, and a member of another team, may still change: their own tokens and
+# sessions, and clusters of their own (in their own namespace).
+SELF_SERVICE = {("POST", "/api/v1/tokens"), ("POST", "/login"), ("POST", "/logout"), ("POST", "/api/v1/clusters")}
+# Reads a member of the namespace's team may make (others are for admins, or the owner of a workspace).
+MEMBER_READS = ("/api/v1/namespaces/{namespace}/clusters", "/api/v1/jobs/")
+MEMBER_LISTS = {"/api/v1/namespaces/{namespace}/spaces", "/api/v1/namespaces/{namespace}/quota"}  # their own only
+BODIES = {
+    "/scale": {"group": "cpu", "replicas": 1},
+    "/jobs": {"entrypoint": "python t.py"},
+    "/spaces": {"name": "nb2", "cluster": "train"},
+    "/move": {"cluster": "train"},
+    "/deployments": {"model": "tiny"},
+    "/quota": {"cpus": 1},
+    "/members": {"user": "bob", "role": "admin"},
+    "/users": {"name": "mallory", "is_admin": True},
+    "/teams": {"name": "mallorys"},
+    "/namespaces": {"name": "mallorys", "team": "ml"},
+    "/models": {"id": "tiny", "source": "/etc"},
+}
+
+
+def test_no_route_of_the_app_lets_a_non_owner_or_an_outsider_change_or_see_what_is_not_theirs(app: App) -> None:
+    """Routes from the app's own OpenAPI document, path parameters filled with real names (alice's cluster, job,
+    workspace and token), as bob (same team, owns nothing) and dave (another team)."""
+    app.cluster("train", owner="alice")
+    wait_ready(app, "ml", "train")
+    job = app.http.post(
+        "/api/v1/namespaces/ml/clusters/train/jobs", json={"entrypoint": "python t.py"}, headers=app.as_("alice")
+    ).json()
+    space = app.http.post(
+        "/api/v1/namespaces/ml/spaces", json={"name": "nb", "cluster": "train"}, headers=app.as_("alice")
+    )
+    assert space.status_code == 201, space.text
+    names = {
+        "namespace": "ml",
+        "name": "train",
+        "node": "head",
+        "action": "replace",
+        "job_id": job["id"],
+        "model_id": "tiny",
+        "deployment": "tiny",
+        "team": "ml",
+        "token_id": app.tokens["alice"].split("_")[1],
+    }
+    paths = app.http.app.openapi()["paths"]  # type: ignore[attr-defined]
+    refused = 0
+    for template, operations in paths.items():
+        for method in (m.upper() for m in operations):
+            path = template.format(**names)
+            if template.endswith("/spaces/{name}") or "/spaces/{name}/" in template:
+                path = path.replace("/spaces/train", "/spaces/nb")
+            if template == "/api/v1/users/{name}":
+                path = "/api/v1/users/alice"
+            body = next((b for suffix, b in BODIES.items() if template.endswith(suffix)), None)
+            for user in ("bob", "dave"):
+                answer = app.http.request(method, path, json=body, headers=app.as_(user))
+                where = (user, method, path, answer.status_code, answer.text[:200])
+                assert answer.status_code < 500, where
+                if not 200 <= answer.status_code < 300:
+                    refused += answer.status_code in (403, 404)
+                    continue
+                assert (method, template) in SELF_SERVICE or method == "GET", where
+                if method == "GET" and "{" in template:
+                    member_read = user == "bob" and (
+                        any(template.startswith(p) for p in MEMBER_READS) or template in MEMBER_LISTS
+                    )
+                    assert member_read, where
+    assert refused > 40, "too few requests reached an authorization decision to prove anything"
+    assert app.http.get("/api/v1/whoami", headers=app.as_("alice")).status_code == 200, "alice's token survives"
+    assert app.http.get(f"/api/v1/jobs/{job['id']}", headers=app.as_("alice")).json()["status"] != "STOPPED"

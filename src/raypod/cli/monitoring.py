@@ -81,7 +81,7 @@ def status() -> None:
         raise typer.Exit(1)
     output.console.print(f"Prometheus at {running.url} (pid {running.pid})")
     for target in sorted(
-        local_prometheus.targets(running.url),
+        local_prometheus.targets(running.url, local_prometheus.credentials(config.default_home())),
         key=lambda t: (t["labels"].get("job", ""), t["labels"].get("ray_io_cluster", ""), t["scrapeUrl"]),
     ):
         labels = target["labels"]
@@ -100,8 +100,9 @@ def dashboards(
     overview, and Grafana provisioning files."""
     from raypod.capabilities.observability import dashboards as dashboards_mod
 
-    url = prometheus_url or config.MonitoringEndpoints.read(config.default_home()).prometheus_url
-    written = dashboards_mod.write(out, url or "http://127.0.0.1:9090")
+    endpoints = config.MonitoringEndpoints.read(config.default_home())
+    url = prometheus_url or endpoints.prometheus_url
+    written = dashboards_mod.write(out, url or "http://127.0.0.1:9090", endpoints.prometheus_auth)
     for path in written:
         output.console.print(str(path))
     if not check:
@@ -110,7 +111,7 @@ def dashboards(
         raise errors.Conflict("--check needs a running Prometheus: 'raypod monitoring up' or --prometheus-url")
     from raypod.capabilities.observability import prometheus
 
-    client = prometheus.PrometheusClient(url)
+    client = prometheus.PrometheusClient(url, auth=endpoints.prometheus_auth)
     try:
         everything = dashboards_mod.all_dashboards()
         refused = dashboards_mod.check(client.query, everything)
@@ -136,5 +137,6 @@ def grafana_sync(
     from raypod.capabilities.observability import dashboards as dashboards_mod
     from raypod.capabilities.observability import grafana
 
-    for synced in grafana.sync(url, token, dashboards_mod.all_dashboards(), prometheus_url):
+    auth = config.MonitoringEndpoints.read(config.default_home()).prometheus_auth
+    for synced in grafana.sync(url, token, dashboards_mod.all_dashboards(), prometheus_url, prometheus_auth=auth):
         output.console.print(f"{synced.title}: {synced.url}")

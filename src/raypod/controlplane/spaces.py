@@ -40,6 +40,9 @@ class SpaceService:
         return self.get(caller, namespace, space.name)
 
     def list(self, caller: identity.Principal, namespace: str | None = None) -> builtins.list[state.SpaceView]:
+        """Raises Forbidden for a namespace the caller may not view (as for its clusters)."""
+        if namespace is not None:
+            self.clusters.authorize(caller, Verb.VIEW, namespace)
         return [
             _view(cluster, space)
             for cluster in self.clusters.list(caller, namespace)

@@ -121,7 +121,22 @@ def _pod_template(
         main["env"] = [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
     if ports:
         main["ports"] = ports
-    return {"spec": {"containers": [main]}}
+    main["securityContext"] = dict(CONTAINER_SECURITY)
+    # A Ray pod runs its users' code: no Kubernetes API token in it, no root, no privilege to gain.
+    return {
+        "spec": {"automountServiceAccountToken": False, "securityContext": dict(POD_SECURITY), "containers": [main]}
+    }
+
+
+# The rayproject/ray images run as user "ray" (uid 1000, group users 100); Ray writes only /tmp and its home.
+POD_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 100,
+    "fsGroup": 100,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY: dict[str, Any] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 # Fields of a RayCluster that raypod reads back. Anything else would be dropped on the way to a ClusterSpec, so
@@ -149,8 +164,9 @@ _KNOWN = {
     },
     "rayStartParams": {"num-cpus", "memory", "object-store-memory", "num-gpus", "dashboard-host"},
     "template": {"spec"},
-    "podSpec": {"containers"},
-    "container": {"name", "image", "resources", "env", "ports"},
+    # raypod sets these itself (POD_SECURITY, CONTAINER_SECURITY): read back, then made raypod's again.
+    "podSpec": {"containers", "automountServiceAccountToken", "securityContext"},
+    "container": {"name", "image", "resources", "env", "ports", "securityContext"},
 }
 _OWNER_ANNOTATION = "raypod.io/owner"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

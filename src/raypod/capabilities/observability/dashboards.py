@@ -342,8 +342,16 @@ def expressions(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
-def write(out: Path, prometheus_url: str) -> list[Path]:
-    """Write every dashboard and Grafana's provisioning files (datasource + dashboard provider) under ``out``."""
+def datasource_auth(auth: tuple[str, str] | None) -> dict[str, Any]:
+    """A Grafana Prometheus datasource's basic auth (its password in secureJsonData, which Grafana encrypts)."""
+    if auth is None:
+        return {}
+    return {"basicAuth": True, "basicAuthUser": auth[0], "secureJsonData": {"basicAuthPassword": auth[1]}}
+
+
+def write(out: Path, prometheus_url: str, auth: tuple[str, str] | None = None) -> list[Path]:
+    """Write every dashboard and Grafana's provisioning files (datasource + dashboard provider) under ``out``; with
+    ``auth``, the datasource file holds Prometheus' password and is written 0600."""
     dashboards_dir = out / "dashboards"
     provisioning = out / "provisioning"
     for folder in (dashboards_dir, provisioning / "dashboards", provisioning / "datasources"):
@@ -354,6 +362,9 @@ def write(out: Path, prometheus_url: str) -> list[Path]:
         path.write_text(json.dumps(dashboard, indent=2, sort_keys=True) + "\n")
         written.append(path)
     datasource = provisioning / "datasources" / "raypod.yaml"
+    datasource.touch(mode=0o600)
+    if auth is not None:
+        datasource.chmod(0o600)
     datasource.write_text(
         yaml.safe_dump(
             {
@@ -366,6 +377,7 @@ def write(out: Path, prometheus_url: str) -> list[Path]:
                         "access": "proxy",
                         "url": prometheus_url,
                         "isDefault": True,
+                        **datasource_auth(auth),
                     }
                 ],
             },

@@ -23,6 +23,7 @@ def sync(
     dashboards: dict[str, dict[str, Any]],
     prometheus_url: str | None = None,
     http: httpx.Client | None = None,
+    prometheus_auth: tuple[str, str] | None = None,
 ) -> list[Synced]:
     """Create the "Ray" folder (and a Prometheus datasource when ``prometheus_url`` is given) if missing, then
     create or overwrite every dashboard in it. Idempotent.
@@ -61,6 +62,7 @@ def sync(
                 "type": "prometheus",
                 "access": "proxy",
                 "url": prometheus_url,
+                **dashboards_mod.datasource_auth(prometheus_auth),
             }
             check(call("POST", "/api/datasources", source), "the Prometheus datasource")
         synced = []

@@ -1,11 +1,16 @@
 """Run a real Prometheus as a plain background process for ``raypod monitoring up|down|status``: generated
-config, data and a 0600 token file under ``$RAYPOD_HOME/monitoring``, listening on loopback."""
+config, data and a 0600 token file under ``$RAYPOD_HOME/monitoring``, listening on loopback.
+
+Loopback is not private on a shared host (every job of every cluster can reach it), and every tenant's metrics are
+in it: its HTTP API takes only basic auth (``--web.config.file``, a bcrypt hash of a password raypod makes and
+keeps 0600 beside it, ``config.PROMETHEUS_PASSWORD_FILE``). raypod's server and CLI present it; nodes never get it."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -14,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import bcrypt
 import httpx
 import psutil
 import yaml
@@ -73,6 +79,14 @@ def _write_private(path: Path, text: str) -> None:
         handle.write(text)
 
 
+USER = "raypod"
+
+
+def credentials(home: Path) -> tuple[str, str] | None:
+    """The basic-auth user and password of the Prometheus this home runs, if any."""
+    return config.MonitoringEndpoints.read(home).prometheus_auth
+
+
 def start(
     home: Path,
     server_url: str,
@@ -98,8 +112,14 @@ def start(
     config_file.write_text(
         yaml.safe_dump(prometheus.config(server_url, token_file, ca_file, scrape_interval), sort_keys=False)
     )
+    password = secrets.token_urlsafe(24)
+    _write_private(folder / config.PROMETHEUS_PASSWORD_FILE, password)
+    web_config = folder / "web.yml"
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt()).decode()
+    _write_private(web_config, yaml.safe_dump({"basic_auth_users": {USER: hashed}}))
+    auth = (USER, password)
     url = f"http://127.0.0.1:{port}"
-    if _ready(url):
+    if _answers(url):
         raise errors.Conflict(f"something already answers on {url}; pass --port to use another port")
     log_path = folder / "prometheus.log"
     with open(log_path, "ab") as log:
@@ -109,6 +129,7 @@ def start(
                 f"--config.file={config_file}",
                 f"--storage.tsdb.path={folder / 'data'}",
                 f"--web.listen-address=127.0.0.1:{port}",
+                f"--web.config.file={web_config}",
                 "--storage.tsdb.retention.time=15d",
             ],
             stdin=subprocess.DEVNULL,
@@ -119,7 +140,7 @@ def start(
     running = Running(pid=process.pid, url=url, token_id=token_id, config=str(config_file), log=str(log_path))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if _ready(url):
+        if _ready(url, auth):
             _state_file(home).write_text(json.dumps(asdict(running)))
             (folder / "endpoints.json").write_text(json.dumps({"prometheus_url": url}))
             return running
@@ -136,7 +157,7 @@ def stop(home: Path, timeout: float = 30.0) -> Running | None:
     """Stop the recorded Prometheus (its data stays) and forget its endpoint. Returns what was stopped."""
     running = read(home)
     folder = config.monitoring_dir(home)
-    for name in ("prometheus.json", "endpoints.json", "token"):
+    for name in ("prometheus.json", "endpoints.json", "token", config.PROMETHEUS_PASSWORD_FILE, "web.yml"):
         (folder / name).unlink(missing_ok=True)
     if running is None:
         return None
@@ -152,16 +173,25 @@ def stop(home: Path, timeout: float = 30.0) -> Running | None:
     return running
 
 
-def targets(url: str) -> list[dict[str, Any]]:
+def targets(url: str, auth: tuple[str, str] | None = None) -> list[dict[str, Any]]:
     """Prometheus' active targets (job, labels, health, last error)."""
-    response = httpx.get(f"{url}/api/v1/targets", params={"state": "active"}, timeout=5)
+    response = httpx.get(f"{url}/api/v1/targets", params={"state": "active"}, timeout=5, auth=auth)
     response.raise_for_status()
     found: list[dict[str, Any]] = response.json()["data"]["activeTargets"]
     return found
 
 
-def _ready(url: str) -> bool:
+def _ready(url: str, auth: tuple[str, str]) -> bool:
     try:
-        return httpx.get(f"{url}/-/ready", timeout=1).status_code == 200
+        return httpx.get(f"{url}/-/ready", timeout=1, auth=auth).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _answers(url: str) -> bool:
+    """Whether anything at all answers there (a Prometheus of someone else's answers 401 to us)."""
+    try:
+        httpx.get(f"{url}/-/ready", timeout=1)
+    except httpx.HTTPError:
+        return False
+    return True

@@ -56,9 +56,9 @@ def config(
 class PrometheusClient:
     """Instant and range queries against the HTTP API; every failure is a RaypodError with Prometheus' words."""
 
-    def __init__(self, url: str, http: httpx.Client | None = None) -> None:
+    def __init__(self, url: str, http: httpx.Client | None = None, auth: tuple[str, str] | None = None) -> None:
         self.url = url.rstrip("/")
-        self.http = http or httpx.Client(timeout=10)
+        self.http = http or httpx.Client(timeout=10, auth=auth)
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         return self._get("/api/v1/query", {"query": expr})

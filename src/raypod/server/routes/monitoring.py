@@ -59,7 +59,7 @@ def cluster_charts(
     endpoints = config.MonitoringEndpoints.read(request.app.state.settings.home)
     if not endpoints.prometheus_url:
         raise errors.Conflict("monitoring is off: run 'raypod monitoring up' to start Prometheus")
-    client = prometheus.PrometheusClient(endpoints.prometheus_url)
+    client = prometheus.PrometheusClient(endpoints.prometheus_url, auth=endpoints.prometheus_auth)
     try:
         return charts.cluster_charts(client, namespace, name, minutes)
     finally:
