@@ -25,6 +25,7 @@ from raypod.capabilities.hangwatch import layout
 from raypod.capabilities.spaces import ide
 from tests.security.conftest import App, EchoBackend, EchoDashboard, make_app
 from tests.security.test_attacks import wait_ready
+from tests.server.test_hangs import wait_for
 
 
 @pytest.fixture
@@ -36,14 +37,16 @@ def echo_server() -> Iterator[EchoDashboard]:
     server.close()
 
 
-def wait_for(check: Any, what: str, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+def alices_job(app: App) -> dict[str, Any]:
+    """Alice's cluster ml/train, Ready, with a job of hers on it."""
+    app.cluster("train", owner="alice")
+    wait_ready(app, "ml", "train")
+    submitted = app.http.post(
+        "/api/v1/namespaces/ml/clusters/train/jobs", json={"entrypoint": "python t.py"}, headers=app.as_("alice")
+    )
+    assert submitted.status_code == 201, submitted.text
+    job: dict[str, Any] = submitted.json()
+    return job
 
 
 # -- 1. nothing a user supplies runs in the server ----------------------------------------------------------------
@@ -135,12 +138,8 @@ def other_team_cluster(app: App) -> None:
 
 
 def test_a_detection_file_on_one_teams_cluster_cannot_fail_another_teams_job(app: App, tmp_path: Path) -> None:
-    app.cluster("train", owner="alice")
-    wait_ready(app, "ml", "train")
+    job = alices_job(app)
     other_team_cluster(app)
-    job = app.http.post(
-        "/api/v1/namespaces/ml/clusters/train/jobs", json={"entrypoint": "python t.py"}, headers=app.as_("alice")
-    ).json()
     theirs = hangwatch_dirs(app, tmp_path, "other", "theirs")
     layout.write_json(layout.detections_dir(theirs["cpu-0"]) / "d.json", detection(job["id"], "fail-job"))
     wait_for(
@@ -153,11 +152,7 @@ def test_a_detection_file_on_one_teams_cluster_cannot_fail_another_teams_job(app
 
 
 def test_a_detection_file_names_no_job_and_no_action_even_on_its_own_cluster(app: App, tmp_path: Path) -> None:
-    app.cluster("train", owner="alice")
-    wait_ready(app, "ml", "train")
-    job = app.http.post(
-        "/api/v1/namespaces/ml/clusters/train/jobs", json={"entrypoint": "python t.py"}, headers=app.as_("alice")
-    ).json()
+    job = alices_job(app)
     ours = hangwatch_dirs(app, tmp_path, "ml", "train")
     layout.write_json(layout.detections_dir(ours["cpu-0"]) / "d.json", detection(job["id"], "fail-job"))
     found = wait_for(
@@ -169,12 +164,8 @@ def test_a_detection_file_names_no_job_and_no_action_even_on_its_own_cluster(app
 
 
 def test_jobs_fail_refuses_a_job_of_another_cluster(app: App) -> None:
-    app.cluster("train", owner="alice")
-    wait_ready(app, "ml", "train")
+    job = alices_job(app)
     other_team_cluster(app)
-    job = app.http.post(
-        "/api/v1/namespaces/ml/clusters/train/jobs", json={"entrypoint": "python t.py"}, headers=app.as_("alice")
-    ).json()
     jobs = app.http.app.state.jobs  # type: ignore[attr-defined]
     theirs = app.http.app.state.clusters.store.get("other", "theirs")  # type: ignore[attr-defined]
     try:
@@ -409,11 +400,7 @@ def test_a_team_admin_cannot_add_members_to_another_team(app: App) -> None:
 
 
 def test_another_teams_job_answers_as_a_missing_one(app: App) -> None:
-    app.cluster("train", owner="alice")
-    wait_ready(app, "ml", "train")
-    job = app.http.post(
-        "/api/v1/namespaces/ml/clusters/train/jobs", json={"entrypoint": "python t.py"}, headers=app.as_("alice")
-    ).json()
+    job = alices_job(app)
     hidden = app.http.get(f"/api/v1/jobs/{job['id']}", headers=app.as_("dave"))
     missing = app.http.get("/api/v1/jobs/rj-0000000000", headers=app.as_("dave"))
     assert hidden.status_code == missing.status_code == 404
@@ -541,11 +528,7 @@ BODIES = {
 def test_no_route_of_the_app_lets_a_non_owner_or_an_outsider_change_or_see_what_is_not_theirs(app: App) -> None:
     """Routes from the app's own OpenAPI document, path parameters filled with real names (alice's cluster, job,
     workspace and token), as bob (same team, owns nothing) and dave (another team)."""
-    app.cluster("train", owner="alice")
-    wait_ready(app, "ml", "train")
-    job = app.http.post(
-        "/api/v1/namespaces/ml/clusters/train/jobs", json={"entrypoint": "python t.py"}, headers=app.as_("alice")
-    ).json()
+    job = alices_job(app)
     space = app.http.post(
         "/api/v1/namespaces/ml/spaces", json={"name": "nb", "cluster": "train"}, headers=app.as_("alice")
     )
