@@ -81,3 +81,31 @@ def raypod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaypodSe
                     process.kill()
             except psutil.Error:
                 pass
+
+
+# -- no silent skips in CI -----------------------------------------------------------------------------------------
+# With RAYPOD_FAIL_ON_SKIP=1 (.ci/run sets it) a skip whose reason matches no line of tests/skip-allowlist.txt fails
+# the run: a missing tool must never hide a capability's tests in CI.
+SKIP_ALLOWLIST = Path(__file__).with_name("skip-allowlist.txt")
+
+
+def allowed_skip_reasons() -> list[str]:
+    lines = (line.split("#", 1)[0].strip() for line in SKIP_ALLOWLIST.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if os.environ.get("RAYPOD_FAIL_ON_SKIP") != "1":
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    allowed = allowed_skip_reasons()
+    unexpected = []
+    for report in reporter.stats.get("skipped", []) if reporter else []:
+        reason = str(report.longrepr[2]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if not any(pattern in reason for pattern in allowed):
+            unexpected.append(f"{report.nodeid}: {reason}")
+    if unexpected:
+        reporter.write_line(f"{len(unexpected)} skip(s) outside tests/skip-allowlist.txt (RAYPOD_FAIL_ON_SKIP=1):")
+        for line in unexpected:
+            reporter.write_line(f"  {line}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

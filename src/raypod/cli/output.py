@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -14,8 +15,18 @@ from rich.table import Table
 
 from raypod import state
 
-console = Console()
-errors_console = Console(stderr=True)
+
+def _console(stderr: bool = False) -> Console:
+    """A terminal gets Rich's layout at its width; output piped or captured is never wrapped (a line a user copies,
+    an "OpenAI base_url:" or a command hint, stays one line)."""
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr)
+    return Console(stderr=stderr, width=100_000, soft_wrap=True)
+
+
+console = _console()
+errors_console = _console(stderr=True)
 
 
 T = TypeVar("T")

@@ -60,12 +60,15 @@ def check_capacity(
         needed = memory_needed(spec, capacity)
         used = sum(memory_needed(other, capacity) for other in others)
         if used + needed > capacity.memory_bytes:
+            where = (
+                f"only {_gib(max(capacity.memory_bytes - used, 0))} of {_gib(capacity.memory_bytes)} is left next to "
+                f"{len(others)} other cluster(s)"
+                if others
+                else f"this host has {_gib(capacity.memory_bytes)} in all"
+            )
             raise errors.InsufficientCapacity(
                 f"cluster '{spec.name}' needs {_gib(needed)} of memory ({len(nodes)} nodes: Ray memory, object "
-                f"store and process overhead) but only {_gib(max(capacity.memory_bytes - used, 0))} of "
-                f"{_gib(capacity.memory_bytes)} is left"
-                + (f" next to {len(others)} other cluster(s)" if others else "")
-                + "; lower replicas or memory",
+                f"store and process overhead) but {where}; lower replicas or memory",
                 detail={"needed_bytes": needed, "available_bytes": max(capacity.memory_bytes - used, 0)},
             )
     if capacity.shared_memory_bytes is not None:
