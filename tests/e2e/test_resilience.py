@@ -326,7 +326,9 @@ def test_a_killed_head_with_gcs_fault_tolerance_comes_back_and_workers_keep_runn
         api.clusters.delete("ft")
         api.clusters.wait_deleted("ft", timeout=120)
     assert not [
-        p for p in psutil.process_iter(["name"]) if p.info["name"] == "redis-server" and _port_of(p) == redis_port
+        p
+        for p in psutil.process_iter(["name"])
+        if p.info["name"] in ("redis-server", "valkey-server") and _port_of(p) == redis_port
     ]
 
 

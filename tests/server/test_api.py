@@ -15,6 +15,7 @@ from raypod import config
 from raypod.backends import base
 from raypod.backends.fake import FakeBackend
 from raypod.server.app import create_app
+from tests.server.conftest import wait_ready
 
 CLUSTER = {"name": "demo", "worker_groups": [{"name": "cpu", "replicas": 2}]}
 
@@ -208,3 +209,19 @@ def test_a_rayjob_on_a_backend_without_kuberay_is_a_clear_4xx(api: TestClient) -
     response = api.post(f"{PATH}/jobs", json={"entrypoint": "python x.py", "as_rayjob": True})
     assert response.status_code == 422
     assert "needs the Kubernetes backend" in response.json()["message"]
+
+
+def test_a_job_is_found_by_its_ray_submission_id_too(client: TestClient, admin: dict[str, str]) -> None:
+    """Plain-Ray users know their job by ``raysubmit_...``: get, logs and stop take it as raypod's id."""
+    client.post("/api/v1/clusters", json={"name": "c"}, headers=admin).raise_for_status()
+    wait_ready(client, admin, "default", "c")
+    uid = client.get("/api/v1/namespaces/default/clusters/c", headers=admin).json()["uid"]
+    client.app.state.clusters.backend.ray_submit(uid, "raysubmit_AbC123", "python plain.py")  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 15  # imported by the supervisor within its import interval (3 s)
+    while (found := client.get("/api/v1/jobs/raysubmit_AbC123", headers=admin)).status_code != 200:
+        assert time.monotonic() < deadline, found.text
+        time.sleep(0.1)
+    assert found.json()["id"].startswith("rj-") and found.json()["spec"]["entrypoint"] == "python plain.py"
+    assert client.post("/api/v1/jobs/raysubmit_AbC123/stop", headers=admin).json()["stop_requested"] is True
+    assert client.get("/api/v1/jobs/raysubmit_nope", headers=admin).status_code == 404
+    assert client.get("/api/v1/jobs/raysubmit_../x", headers=admin).status_code in (404, 422)

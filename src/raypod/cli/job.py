@@ -14,6 +14,7 @@ from raypod.cli import cluster as cluster_cli
 from raypod.cli import output
 from raypod.cli.output import Format
 
+JobIdArg = Annotated[str, typer.Argument(help="The job: raypod's rj-... id or Ray's raysubmit_... id.")]
 app = typer.Typer(help="Submit, list, follow and stop jobs (with retries).", no_args_is_help=True)
 OutputOpt = Annotated[Format, typer.Option("--output", "-o", help="table, json or yaml.")]
 
@@ -104,26 +105,28 @@ def list_(
         output.emit_data(found, fmt)
         return
     for job in found:
+        # Ray's submission id too: plain Ray users know their job by it, and get|logs|stop take either.
+        ray_id = job.attempts[-1].submission_id if job.attempts else "-"
         output.console.print(
-            f"{job.id}  {job.status.value:<10} via={job.submitted_via.value:<6} attempts={len(job.attempts)}  "
-            f"{job.spec.entrypoint[:60]}"
+            f"{job.id}  ray={ray_id:<26} {job.status.value:<10} via={job.submitted_via.value:<6} "
+            f"attempts={len(job.attempts)}  {job.spec.entrypoint[:60]}"
         )
 
 
 @app.command()
-def get(job_id: str, fmt: OutputOpt = Format.TABLE) -> None:
+def get(job_id: JobIdArg, fmt: OutputOpt = Format.TABLE) -> None:
     _render(cluster_cli.client().jobs.get(job_id), fmt)
 
 
 @app.command()
 def logs(
-    job_id: str, attempt: Annotated[int | None, typer.Option(help="Attempt number (default: last).")] = None
+    job_id: JobIdArg, attempt: Annotated[int | None, typer.Option(help="Attempt number (default: last).")] = None
 ) -> None:
     print(cluster_cli.client().jobs.logs(job_id, attempt), end="")
 
 
 @app.command()
-def stop(job_id: str) -> None:
+def stop(job_id: JobIdArg) -> None:
     """Stop a job; it will not be retried."""
     job = cluster_cli.client().jobs.stop(job_id)
     output.console.print(f"job {job.id}: stop requested")

@@ -63,6 +63,20 @@ class JobRecords:
                 .values(status=row["status"], attempts=row["attempts"], next_attempt_at=row["next_attempt_at"])
             )
 
+    def by_submission(self, submission_id: str) -> state.JobView:
+        """The job one of whose attempts is Ray's ``submission_id`` (what ``ray job submit`` printed).
+
+        Raises:
+            NotFound."""
+        needle = json.dumps(submission_id)
+        with self.engine.connect() as connection:
+            rows = connection.execute(jobs.select().where(jobs.c.attempts.contains(needle))).all()
+        for row in rows:
+            job = _view(row)
+            if any(attempt.submission_id == submission_id for attempt in job.attempts):
+                return job
+        raise errors.NotFound(f"job '{submission_id[:40]}' not found")
+
     def request_stop(self, job_id: str) -> None:
         with self.engine.begin() as connection:
             connection.execute(jobs.update().where(jobs.c.id == job_id).values(stop_requested=True))

@@ -93,8 +93,11 @@ class JobService:
         return self.records.of_cluster(namespace, cluster)
 
     def get(self, caller: identity.Principal, job_id: str) -> state.JobView:
-        """Raises NotFound, the same for a job that does not exist and one the caller may not see."""
-        job = self.records.load(job_id)
+        """``job_id``: raypod's (``rj-...``) or Ray's submission id of one of its attempts (``raysubmit_...``).
+
+        Raises:
+            NotFound, the same for a job that does not exist and one the caller may not see."""
+        job = self.records.load(job_id) if job_id.startswith("rj-") else self.records.by_submission(job_id)
         try:
             self.clusters.authorize(caller, identity.Verb.VIEW, job.namespace)
         except errors.Forbidden:
@@ -105,14 +108,14 @@ class JobService:
         """Stop the running attempt; a stopped job is never retried."""
         job = self.get(caller, job_id)
         view = self.clusters.get(caller, job.namespace, job.cluster, identity.Verb.OPERATE)
-        self.records.request_stop(job_id)
+        self.records.request_stop(job.id)
         if job.attempts and job.status not in TERMINAL_STATUSES:
             if job.spec.as_rayjob:  # its cluster goes with it
                 self.rayjobs().delete_rayjob(job.namespace, job.id)
-                self.records.save(self.records.load(job_id).model_copy(update={"status": state.JobStatus.STOPPED}))
+                self.records.save(self.records.load(job.id).model_copy(update={"status": state.JobStatus.STOPPED}))
             else:
                 self.api(view).stop(job.attempts[-1].submission_id)
-        return self.records.load(job_id)
+        return self.records.load(job.id)
 
     def fail(self, job_id: str, reason: str, cluster: state.ClusterView) -> state.JobView:
         """Fail a job of ``cluster`` for a reason raypod found there (a run that hangs again and again): its

@@ -16,7 +16,8 @@ from raypod.server.auth import Caller
 from raypod.server.routes.clusters import NamePath
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
-JobIdPath = Annotated[str, Path(pattern=r"^rj-[0-9a-f]{10}$")]
+# raypod's id, or Ray's submission id of one of the job's attempts (what plain Ray tooling printed).
+JobIdPath = Annotated[str, Path(pattern=r"^(rj-[0-9a-f]{10}|raysubmit_[A-Za-z0-9]{1,64})$")]
 
 
 def job_service(request: Request) -> jobs.JobService:
