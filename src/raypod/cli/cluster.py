@@ -115,13 +115,15 @@ def list_(
     fmt: OutputOpt = Format.TABLE,
 ) -> None:
     """List clusters of every namespace (or one)."""
-    output.render_clusters(client().clusters.list(namespace), fmt)
+    api = client()
+    output.render_clusters(api.clusters.list(namespace), fmt, api.server)
 
 
 @app.command()
 def get(name: str, namespace: NamespaceOpt = "default", fmt: OutputOpt = Format.TABLE) -> None:
     """Show a cluster: phase, endpoints, nodes and conditions."""
-    output.render_cluster(client().clusters.get(name, namespace), fmt)
+    api = client()
+    output.render_cluster(api.clusters.get(name, namespace), fmt, api.server)
 
 
 @app.command()

@@ -68,7 +68,15 @@ def _dump(item: BaseModel | list[Any]) -> Any:
     return item.model_dump(mode="json")
 
 
-def render_clusters(views: list[state.ClusterView], fmt: Format) -> None:
+def dashboard_url(server: str, view: state.ClusterView) -> str:
+    """Where a user opens a cluster's Ray dashboard: raypod's gateway (a browser is sent on to the cluster's own
+    origin), never the dashboard's loopback address."""
+    if not view.status.endpoints.get("dashboard"):
+        return "-"
+    return f"{server.rstrip('/')}/clusters/{view.spec.namespace}/{view.spec.name}/"
+
+
+def render_clusters(views: list[state.ClusterView], fmt: Format, server: str = "") -> None:
     if fmt is not Format.TABLE:
         emit_data(_dump(views), fmt)
         return
@@ -86,18 +94,20 @@ def render_clusters(views: list[state.ClusterView], fmt: Format) -> None:
             _phase(view),
             f"{view.status.ready_nodes}/{view.status.desired_nodes}",
             groups,
-            view.status.endpoints.get("dashboard", "-"),
+            dashboard_url(server, view),
             _age(view),
         )
     console.print(table)
 
 
-def render_cluster(view: state.ClusterView, fmt: Format) -> None:
+def render_cluster(view: state.ClusterView, fmt: Format, server: str = "") -> None:
     if fmt is not Format.TABLE:
         emit_data(_dump(view), fmt)
         return
     status = view.status
     console.print(f"[bold]{view.spec.namespace}/{view.spec.name}[/bold]  {_phase(view)}  {status.message}")
+    if server and status.endpoints.get("dashboard"):
+        console.print(f"  {'open':<10} {dashboard_url(server, view)}")
     for key, value in status.endpoints.items():
         console.print(f"  {key:<10} {value}")
     table = Table(box=None, header_style="bold")
