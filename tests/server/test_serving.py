@@ -3,11 +3,16 @@ meet before it reaches a cluster. The deploys that do reach Ray Serve are tests/
 
 from __future__ import annotations
 
+import json
+import tempfile
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
+from raypod import config
+from raypod.backends.fake import FakeBackend
+from raypod.server.app import create_app
 from tests.server.conftest import make_user, wait_ready
 
 
@@ -68,3 +73,21 @@ def test_a_deploy_is_refused_with_a_clear_message_before_it_reaches_the_cluster(
     assert client.post(url, json={"model": "tiny"}, headers=bob).status_code == 403
     assert client.post(other, json={"model": "tiny"}, headers=bob).status_code == 403, "no cluster names leak"
     assert client.get(url, headers=admin).json() == []
+
+
+class HidingBackend(FakeBackend):
+    """Nodes that do not see the server's temporary directory (as sandboxed local nodes do not)."""
+
+    def hidden_from_nodes(self, cluster_id: str, path: str) -> str | None:
+        return "sandboxed nodes have a /tmp of their own" if path.startswith(tempfile.gettempdir()) else None
+
+
+def test_adding_a_model_the_nodes_cannot_read_warns_at_once(tmp_path: Path, model_dir: Path) -> None:
+    settings = config.Settings(home=tmp_path / "home", reconcile_interval_s=0.05, tls=False)
+    with TestClient(create_app(settings, backend=HidingBackend()), raise_server_exceptions=False) as client:
+        admin = {"Authorization": f"Bearer {json.loads((tmp_path / 'home' / 'credentials').read_text())['token']}"}
+        added = client.post("/api/v1/models", json={"id": "tiny", "source": str(model_dir)}, headers=admin)
+        assert added.status_code == 201, added.text
+        [warning] = added.json()["warnings"]
+        assert "cannot read" in warning and "will be refused" in warning
+        assert client.get("/api/v1/models/tiny", headers=admin).json()["warnings"] == [], "said once, not stored"

@@ -68,6 +68,8 @@ def add(
         source = str(Path(source).resolve())  # the server resolves paths itself: give it an absolute one
     output.errors_console.print(f"reading and checksumming {source} ...")
     entry = cluster_cli.client().models.add(model_id, source, options, description, replace)
+    for warning in entry.warnings:
+        output.errors_console.print(f"[yellow]warning:[/yellow] {warning}")
     _render(entry, fmt)
 
 

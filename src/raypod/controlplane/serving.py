@@ -63,7 +63,7 @@ class ModelCatalog:
             entry = catalog.inspect(source)
         except catalog.CatalogError as exc:
             raise errors.InvalidSpec(str(exc)) from None
-        entry = entry.model_copy(update={"added_by": caller.user, "added_at": store.now()})
+        entry = entry.model_copy(update={"added_by": caller.user, "added_at": store.now(), "warnings": []})
         table = schema.models
         values = {"entry": entry.model_dump_json(), "added_by": caller.user, "added_at": entry.added_at}
         with self.engine.begin() as connection:
@@ -124,6 +124,17 @@ class ServingService:
     def __init__(self, clusters: service.ClusterService, models: ModelCatalog) -> None:
         self.clusters = clusters
         self.models = models
+
+    def node_visibility_warnings(self, entry: catalog.ModelEntry) -> builtins.list[str]:
+        """What would refuse deploying ``entry`` on any cluster: a directory that sandboxed nodes do not see."""
+        local_path = catalog.local_path(entry.source)
+        hidden = local_path and self.clusters.backend.hidden_from_nodes("", local_path)
+        if not hidden:
+            return []
+        return [
+            f"the clusters' nodes cannot read {local_path} ({hidden}): a deploy of {entry.id} will be refused; "
+            "add it from another directory, or from S3"
+        ]
 
     def deploy(
         self, caller: identity.Principal, namespace: str, cluster: str, spec: spec_mod.ServeDeploySpec

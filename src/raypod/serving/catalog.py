@@ -83,6 +83,9 @@ class ModelEntry(ModelSource):
     files: list[ModelFile]
     added_by: str = ""
     added_at: datetime | None = None
+    warnings: list[str] = Field(
+        default_factory=list, description="Said when it is added (not stored): e.g. nodes that cannot read it."
+    )
 
     def digest(self) -> str:
         """Names this exact set of files: a node's cache of another version never passes for this one."""

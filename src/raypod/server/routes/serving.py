@@ -35,8 +35,10 @@ def list_models(caller: Caller, svc: Service) -> list[catalog.ModelEntry]:
 def add_model(
     caller: Caller, svc: Service, source: catalog.ModelSource, replace: Annotated[bool, Query()] = False
 ) -> catalog.ModelEntry:
-    """Read the source and checksum every file; the entry records what a replica needs."""
-    return svc.models.add(caller, source, replace=replace)
+    """Read the source and checksum every file; the entry records what a replica needs. ``warnings`` say what
+    would refuse a deploy later (a directory the nodes cannot read)."""
+    entry = svc.models.add(caller, source, replace=replace)
+    return entry.model_copy(update={"warnings": svc.node_visibility_warnings(entry)})
 
 
 @router.get("/models/{model_id:path}")
