@@ -63,6 +63,8 @@ def raypod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaypodSe
     try:
         yield server
     finally:
+        # Clusters that fail to delete fail the run (after everything is cleaned up): deletion is a capability too.
+        failure: BaseException | None = None
         try:
             with server.client() as api:
                 views = api.clusters.list()
@@ -70,8 +72,8 @@ def raypod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaypodSe
                     api.clusters.delete(view.spec.name, view.spec.namespace)
                 for view in views:
                     api.clusters.wait_deleted(view.spec.name, view.spec.namespace, timeout=60)
-        except Exception:
-            pass
+        except Exception as exc:
+            failure = exc
         server.stop()
         local_root = server.home / "local"
         ids = {p.name for p in local_root.iterdir()} if local_root.exists() else set()
@@ -81,6 +83,8 @@ def raypod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaypodSe
                     process.kill()
             except psutil.Error:
                 pass
+        if failure is not None:
+            raise AssertionError(f"the session server's clusters did not delete: {failure}") from failure
 
 
 # -- no silent skips in CI -----------------------------------------------------------------------------------------
