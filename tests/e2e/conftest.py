@@ -57,6 +57,9 @@ class RaypodServer:
             "RAYPOD_SERVER": self.url,
             "RAYPOD_RECONCILE_INTERVAL_S": "0.5",
             "RAYPOD_DRAIN_TIMEOUT_S": "30",
+            # Websocket keepalive pings every 5 s (30 s in production): a busy-host test outlasts several of them
+            # in seconds rather than minutes.
+            "RAYPOD_WS_PING_INTERVAL_S": "5",
             **self.extra_env,
         }
 
