@@ -90,26 +90,6 @@ def authenticate(request: Request) -> identity.Principal:
     )
 
 
-def authenticate_same_origin_browser(request: Request) -> identity.Principal:
-    """For pages that are not raypod's own (a workspace's IDE): their scripts cannot send raypod's CSRF header,
-    so a session's unsafe request is taken only when the browser itself says it comes from this origin
-    (``Sec-Fetch-Site: same-origin`` and a matching ``Origin``). Tokens work as everywhere.
-
-    Raises:
-        Unauthenticated, Forbidden: as ``authenticate``, and a session's unsafe request without that assurance.
-    """
-    if bearer_token(request.headers.get("authorization")) is not None or request.method in SAFE_METHODS:
-        return authenticate(request)
-    session = session_id(request)
-    if not session:
-        return authenticate(request)
-    principal = identities(request).authenticate_session(session)
-    check_same_origin(request)
-    if request.headers.get("sec-fetch-site") != "same-origin":
-        raise errors.Forbidden("a session's change must come from a page of this server (Sec-Fetch-Site)")
-    return principal
-
-
 def authenticate_websocket(
     ids: identity.IdentityService, authorization: str | None, session_id: str | None
 ) -> identity.Principal:
