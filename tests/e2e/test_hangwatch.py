@@ -52,14 +52,15 @@ def cluster(server: RaypodServer) -> state.ClusterView:
         return api.clusters.wait_ready("hw", timeout=240)
 
 
-def submit(api: Client, script: str, args: str, metadata: dict[str, str] | None = None) -> state.JobView:
+def submit(
+    api: Client, script: str, args: str, metadata: dict[str, str] | None = None, env: dict[str, str] | None = None
+) -> state.JobView:
     files = [(f"w/{name}", (SCRIPTS / name).read_bytes()) for name in (script,)]
     uri = api.jobs.upload_working_dir("hw", files)
+    runtime_env: dict[str, object] = {"working_dir": uri, **({"env_vars": env} if env else {})}
     return api.jobs.submit(
         "hw",
-        spec_mod.JobSpec(
-            entrypoint=f"python {script} {args}", runtime_env={"working_dir": uri}, metadata=metadata or {}
-        ),
+        spec_mod.JobSpec(entrypoint=f"python {script} {args}", runtime_env=runtime_env, metadata=metadata or {}),
     )
 
 
@@ -152,15 +153,18 @@ def test_healthy_runs_with_slow_starts_checkpoints_pauses_and_a_harmless_oom_lin
     rules = json.dumps(
         [{"name": "oom", "log_pattern": "out of memory", "fault_on_match": False, "timeout_minutes": 60}]
     )
+    """One run whose slow start, slow checkpoint upload and paused evaluation each last longer than the hang timeout
+    (PHASE_S > TIMEOUT_S): a pause that did not reach the agent would be a detection, and with ``cancel`` a killed
+    run (checked: with ``raypod.hangwatch.paused`` made a no-op, this fails). Five runs in a row are the
+    benchmark's (benchmarks/hangwatch.py)."""
+    metadata = {"raypod.hang_rules": rules, "raypod.hang_action": "cancel"}
     with server.client() as api:
-        job = submit(
-            api, "hangwatch_script.py", "healthy 5", {"raypod.hang_rules": rules, "raypod.hang_action": "cancel"}
-        )
+        job = submit(api, "hangwatch_script.py", "healthy 1", metadata, env={"PHASE_S": str(TIMEOUT_S + 4)})
         finished = api.jobs.wait(job.id, timeout=600)
         assert finished.status is state.JobStatus.SUCCEEDED, api.jobs.logs(job.id)[-3000:]
         done = next(li for li in api.jobs.logs(job.id).splitlines() if li.startswith("DONE "))
-        # Each run's result carries the metrics of its checkpointed report (step 1): five runs ran to their end.
-        assert [r["step"] for r in json.loads(done.removeprefix("DONE "))] == [1] * 5
+        # The run's result carries the metrics of its checkpointed report (step 1): it ran to its end.
+        assert [r["step"] for r in json.loads(done.removeprefix("DONE "))] == [1]
         assert hangs_of(api, job) == []
 
 
