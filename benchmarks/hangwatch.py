@@ -6,9 +6,10 @@
 - healthy training (``--steps`` short steps) with the hang callback and without it (``RAY_TRAIN_CALLBACKS`` emptied
   in the job's runtime_env), alternating, twice each: ``step_time_overhead_pct`` compares the median step times;
   ``agent_cpu_pct`` is the CPU the agents used during the healthy runs, per agent, as a percent of one core;
-  ``false_positives`` counts detections on the healthy runs.
+  ``false_positives`` counts detections on the healthy runs, and on ``--healthy`` runs in a row whose slow start,
+  slow checkpoint upload and paused evaluation each outlast the hang timeout (the suite runs one of those).
 
-Usage: python benchmarks/hangwatch.py [--hangs 10] [--timeout 20] [--steps 100]
+Usage: python benchmarks/hangwatch.py [--hangs 10] [--timeout 20] [--steps 100] [--healthy 5]
 Last line: one JSON object. Goals: detect_over_timeout_p95_s <= 5, false_positives 0, agent_cpu_pct <= 1,
 step_time_overhead_pct <= 1, diagnostics_s <= 10.
 """
@@ -62,6 +63,7 @@ def main() -> None:
     parser.add_argument("--hangs", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=20.0)
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--healthy", type=int, default=5, help="runs with slow phases longer than the timeout")
     args = parser.parse_args()
     spec = {
         "name": "hangbench",
@@ -104,6 +106,9 @@ def main() -> None:
                     line = next(li for li in api.jobs.logs(job.id).splitlines() if "STEPS [" in li)
                     steps[mode].extend(json.loads(line.split("STEPS ", 1)[1])[5:])
                     healthy.append(job)
+            if args.healthy:
+                slow = {"env_vars": {"PHASE_S": str(args.timeout + 4)}}
+                healthy.append(run(f"healthy {args.healthy}", slow))
             false_positives = sum(len(api.jobs.hangs("hangbench", job.id)) for job in healthy)
 
             hung = run(f"hangs {args.hangs}", {"env_vars": {"RUN_TAG": str(int(time.time()))}})
@@ -128,6 +133,7 @@ def main() -> None:
         "step_time_overhead_pct": round(100 * (with_agent - without) / without, 2),
         "diagnostics_s": round(max((d.diagnostics_s or 0.0) for d in detections), 3) if detections else None,
         "timeout_s": args.timeout,
+        "slow_phase_runs": args.healthy,
     }
     print(json.dumps(result))
 

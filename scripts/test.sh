@@ -31,26 +31,56 @@ fi
 
 # Each phase says how long it took (the suite's budget is 20 minutes on 2 cores: see where the time goes).
 phase() {
-  local name=$1 started=$SECONDS
+  local name=$1 started=$SECONDS rc=0
   shift
-  "$@"
+  "$@" || rc=$?
   echo "phase $name: $((SECONDS - started)) s"
+  return "$rc"
 }
 
+# Functions run by phase() chain their steps with &&: `set -e` does not stop a function called where its status
+# is tested.
 install() {
-  [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-  .venv/bin/python -m pip install --quiet --upgrade pip
-  # The CPU build of torch, from this machine's wheel, before anything could ask for a CUDA one.
-  .venv/bin/python -m pip install --quiet "torch==2.13.0"
-  .venv/bin/python -m pip install --quiet -e ".[test,checkpoint,s3,train,serving,spaces]"
+  { [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv; } &&
+    .venv/bin/python -m pip install --quiet --upgrade pip &&
+    # The CPU build of torch, from this machine's wheel, before anything could ask for a CUDA one.
+    .venv/bin/python -m pip install --quiet "torch==2.13.0" &&
+    .venv/bin/python -m pip install --quiet -e ".[test,checkpoint,s3,train,serving,spaces]"
 }
 
 lint() {
-  .venv/bin/ruff check src tests benchmarks
-  .venv/bin/ruff format --check src tests benchmarks
+  .venv/bin/ruff check src tests benchmarks && .venv/bin/ruff format --check src tests benchmarks
 }
 
-phase install install
-phase lint lint
-phase types .venv/bin/mypy
-phase tests .venv/bin/python -m pytest -q --durations=30 "$@"
+checks() {
+  lint && .venv/bin/mypy
+}
+
+pytest() {
+  .venv/bin/python -m pytest -q "$@"
+}
+
+# Lint and types take a core of their own while the tests that start no Ray node run on the other; the e2e
+# tests (real servers and clusters, marked e2e) then have the host to themselves.
+checks_beside_unit_tests() {
+  local log rc=0
+  log=$(mktemp)
+  checks >"$log" 2>&1 &
+  local checking=$!
+  pytest --durations=15 -m "not e2e" || rc=$?
+  wait "$checking" || rc=$?
+  cat "$log"
+  rm -f "$log"
+  return "$rc"
+}
+
+phase install install || exit 1
+if [ "$#" -gt 0 ]; then
+  # A chosen subset (extra arguments go to pytest): one run, after lint and types.
+  phase checks checks && phase tests pytest --durations=30 "$@"
+else
+  failed=0
+  phase "lint, types and unit tests" checks_beside_unit_tests || failed=1
+  phase "e2e tests" pytest --durations=30 -m e2e || failed=1
+  exit "$failed"
+fi

@@ -15,6 +15,7 @@ import pytest
 from raypod import testing
 
 if TYPE_CHECKING:
+    from raypod import state
     from tests.e2e.conftest import RaypodServer
 
 # Ray reads RAY_AUTH_MODE once, when its core library is first imported in a process. The local backend's
@@ -85,6 +86,32 @@ def raypod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaypodSe
                 pass
         if failure is not None:
             raise AssertionError(f"the session server's clusters did not delete: {failure}") from failure
+
+
+SHARED_CLUSTER = "shared"
+
+
+@pytest.fixture(scope="session")
+def shared_cluster(raypod_server: RaypodServer) -> state.ClusterView:
+    """One head-only cluster of the session server that the gateway, security and monitoring modules share (a head
+    costs ~7 s and 1.6 GB). Tests that change a cluster's shape or delete one make their own; this one is deleted
+    with the server's others at the end."""
+    with raypod_server.client() as api:
+        if SHARED_CLUSTER not in {view.spec.name for view in api.clusters.list()}:
+            api.clusters.create({"name": SHARED_CLUSTER, "head": {"memory": "512Mi", "object_store_memory": "100Mi"}})
+        return api.clusters.wait_ready(SHARED_CLUSTER, timeout=180)
+
+
+# -- order independence -------------------------------------------------------------------------------------------
+# ``pytest --reverse`` runs the collected tests backwards (modules, and tests within each): every test creates or
+# names what it asserts on, and this is how that is checked.
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--reverse", action="store_true", help="run the collected tests in reverse order")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--reverse"):
+        items.reverse()
 
 
 # -- no silent skips in CI -----------------------------------------------------------------------------------------

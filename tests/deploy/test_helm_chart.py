@@ -14,7 +14,7 @@ from kubernetes import client
 
 from raypod.backends.kuberay import backend as kuberay
 
-helm = pytest.importorskip("helm_python", reason="helm-python-sdk (Helm's engine) is in the test extra")
+helm = pytest.importorskip("helm_python", reason="needs helm-python-sdk (Helm's engine): pip install -e '.[test]'")
 
 CHART = Path(__file__).parents[2] / "deploy" / "helm" / "raypod"
 VARIANTS: dict[str, dict[str, Any]] = {

@@ -6,6 +6,7 @@ Every process started here is stopped at the end, including Ray nodes left behin
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -24,6 +26,7 @@ import pytest
 from raypod import state
 from raypod.backends import local
 from raypod.client import Client
+from raypod.client._http import tls_verify
 from raypod.testing import free_port
 from tests.conftest import REPO
 
@@ -113,6 +116,19 @@ class RaypodServer:
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("RAYPOD_CA_FILE", self.ca_file)
             return Client(self.url, timeout=60, token=token or self.admin_token)
+
+    def reconcile_passes(self) -> float:
+        """How many reconcile passes this server process has finished (its own metric)."""
+        with httpx.Client(verify=tls_verify(self.ca_file)) as http:
+            text = http.get(f"{self.url}/metrics", headers={"Authorization": f"Bearer {self.admin_token}"}).text
+        line = next(li for li in text.splitlines() if li.startswith("raypod_reconcile_duration_seconds_count"))
+        return float(line.split()[-1])
+
+    def wait_for_passes(self, count: int, timeout: float = 60) -> None:
+        """Wait until ``count`` more reconcile passes finished: the witness that something would have happened by
+        now if the loop were going to do it (instead of a sleep)."""
+        target = self.reconcile_passes() + count
+        wait_until(lambda: self.reconcile_passes() >= target, f"{count} reconcile passes", timeout)
 
 
 def cluster_processes(cluster_id: str | None = None) -> list[psutil.Process]:
@@ -212,3 +228,25 @@ def wait_until(check: Callable[[], Any], what: str, timeout: float = 120) -> Any
             return found
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
+
+
+def undisturbed_training_weights(steps: int) -> list[list[float]]:
+    """What an undisturbed ``resilient_train_script.py`` run of ``steps`` steps ends with, computed in this process
+    by the script's own functions: the baseline a disturbed run must match, without a Ray Train run of its own."""
+    return _script_module("resilient_train_script").undisturbed_weights(steps)  # type: ignore[no-any-return]
+
+
+def _script_module(name: str) -> ModuleType:
+    path = Path(__file__).parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"raypod_test_scripts.{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def assert_same_weights(found: list[list[float]], expected: list[list[float]]) -> None:
+    """Equal up to float32 rounding: a missed, repeated or lost step moves weights by about 1e-2."""
+    assert len(found) == len(expected)
+    for got, want in zip(found, expected, strict=True):
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-6), "a disturbed run must end where an undisturbed one does"

@@ -23,7 +23,7 @@ from tests.e2e.test_gateway import run_cli
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 SCRIPTS = Path(__file__).parent / "scripts"
-GRACE_S = 20
+GRACE_S = 10
 STEPS, STEP_S, EVERY = 40, 0.5, 25  # a periodic checkpoint at step 0 and 25; the notice comes in between
 SMALL = {"memory": "512Mi", "object_store_memory": "80Mi"}
 

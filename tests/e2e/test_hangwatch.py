@@ -18,7 +18,14 @@ import pytest
 from raypod import spec as spec_mod
 from raypod import state
 from raypod.client import Client
-from tests.e2e.conftest import RaypodServer, cluster_processes, module_server, wait_until
+from tests.e2e.conftest import (
+    RaypodServer,
+    assert_same_weights,
+    cluster_processes,
+    module_server,
+    undisturbed_training_weights,
+    wait_until,
+)
 from tests.e2e.test_gateway import ray_cli
 
 pytestmark = [
@@ -117,8 +124,8 @@ def test_a_stuck_rank_is_detected_with_every_ranks_stack_even_when_an_agent_is_k
         assert "train_func" in (by_rank[0].stack or "") and "sleep" not in (by_rank[1].waiting_in or "")
         assert found.stalled_first and set(found.stalled_first) == {0, 1}
         assert any("rank 0 stops at step 3" in line for line in by_rank[0].log_tail)
-        events = [e for e in api.clusters.events("hw", limit=200) if e.reason == "JobHangDetected"]
-        assert events and job.id in events[0].message
+        events = [e for e in api.clusters.events("hw", limit=1000) if e.reason == "JobHangDetected"]
+        assert any(job.id in e.message for e in events), [e.message for e in events]
         logs = wait_until(lambda: "[raypod hangwatch] hang detected" in (t := api.jobs.logs(job.id)) and t, "log", 30)
         assert "no progress" in logs
         listed = ray_cli(server, "job", "list", "--address", "raypod://hw")
@@ -130,20 +137,16 @@ def test_cancel_restarts_the_run_from_its_checkpoint_with_the_result_of_an_undis
     server: RaypodServer, cluster: state.ClusterView
 ) -> None:
     with server.client() as api:
-        calm = submit(api, "resilient_train_script.py", "calm 8 0.2")
         hung = submit(api, "resilient_train_script.py", "stuck 8 0.2 4", {"raypod.hang_action": "cancel"})
-        for job in (calm, hung):
-            finished = api.jobs.wait(job.id, timeout=400)
-            assert finished.status is state.JobStatus.SUCCEEDED, api.jobs.logs(job.id)[-3000:]
-        results = []
-        for job in (calm, hung):
-            line = next(li for li in reversed(api.jobs.logs(job.id).splitlines()) if li.startswith("RESULT "))
-            results.append(json.loads(line.removeprefix("RESULT ")))
-        assert results[1]["weights"] == results[0]["weights"] and results[1]["step"] == 7
-        assert results[1]["metrics"]["start"] >= 1, "the restarted run began from a checkpoint, not from scratch"
+        finished = api.jobs.wait(hung.id, timeout=400)
+        logs = api.jobs.logs(hung.id)
+        assert finished.status is state.JobStatus.SUCCEEDED, logs[-3000:]
+        result = json.loads(next(li for li in reversed(logs.splitlines()) if li.startswith("RESULT "))[7:])
+        assert result["step"] == 7
+        assert_same_weights(result["weights"], undisturbed_training_weights(8))
+        assert result["metrics"]["start"] >= 1, "the restarted run began from a checkpoint, not from scratch"
         [found] = hangs_of(api, hung)
         assert found.action == "cancel" and {r.rank for r in found.ranks} == {0, 1}
-        assert not hangs_of(api, calm)
 
 
 def test_healthy_runs_with_slow_starts_checkpoints_pauses_and_a_harmless_oom_line_are_left_alone(

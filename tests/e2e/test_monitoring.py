@@ -16,10 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-from raypod import errors
+from raypod import errors, state
 from raypod.capabilities.observability import dashboards, prometheus
 from raypod.client._http import tls_verify
 from raypod.testing import free_port
+from tests.conftest import SHARED_CLUSTER
 from tests.e2e.conftest import BROWSER_ARTIFACTS, BROWSER_MISSING, CHROMIUM, RaypodServer, log_in
 from tests.e2e.test_gateway import run_cli
 
@@ -49,13 +50,16 @@ def eventually(check: Callable[[], Any], timeout: float = 90.0, every: float = 1
         time.sleep(every)
 
 
+def monitoring_up(server: RaypodServer, port: int) -> tuple[str, str]:
+    started = run_cli(server, "raypod", "monitoring", "up", "--port", str(port), "--scrape-interval", "2s")
+    assert started.returncode == 0, started.stderr + started.stdout
+    return ("raypod", (server.home / "monitoring" / "prometheus-password").read_text().strip())
+
+
 @pytest.fixture(scope="module")
 def prom(raypod_server: RaypodServer) -> Iterator[prometheus.PrometheusClient]:
     port = free_port()
-    started = run_cli(raypod_server, "raypod", "monitoring", "up", "--port", str(port), "--scrape-interval", "2s")
-    assert started.returncode == 0, started.stderr + started.stdout
-    password = (raypod_server.home / "monitoring" / "prometheus-password").read_text().strip()
-    client = prometheus.PrometheusClient(f"http://127.0.0.1:{port}", auth=("raypod", password))
+    client = prometheus.PrometheusClient(f"http://127.0.0.1:{port}", auth=monitoring_up(raypod_server, port))
     try:
         yield client
     finally:
@@ -63,20 +67,15 @@ def prom(raypod_server: RaypodServer) -> Iterator[prometheus.PrometheusClient]:
         run_cli(raypod_server, "raypod", "monitoring", "down")
 
 
-@pytest.fixture(scope="module")
-def clusters(raypod_server: RaypodServer, prom: prometheus.PrometheusClient) -> Iterator[list[str]]:
-    names = ["mon-a", "mon-b"]
+@pytest.fixture
+def clusters(raypod_server: RaypodServer, shared_cluster: state.ClusterView) -> list[str]:
+    """Two clusters to scrape: the session's shared one and one of this module's (``mon-b``, which the deletion
+    test removes; the next test that needs it makes it again, so the tests pass in any order)."""
     with raypod_server.client() as api:
-        for name in names:
-            api.clusters.create({"name": name, **HEAD})
-        for name in names:
-            api.clusters.wait_ready(name, timeout=180)
-        yield names
-        remaining = {view.spec.name for view in api.clusters.list()} & set(names)
-        for name in remaining:
-            api.clusters.delete(name)
-        for name in remaining:
-            api.clusters.wait_deleted(name, timeout=120)
+        if "mon-b" not in {view.spec.name for view in api.clusters.list()}:
+            api.clusters.create({"name": "mon-b", **HEAD})
+        api.clusters.wait_ready("mon-b", timeout=180)
+    return [SHARED_CLUSTER, "mon-b"]
 
 
 def clusters_with(prom: prometheus.PrometheusClient, expr: str) -> set[str]:
@@ -90,7 +89,7 @@ def test_prometheus_scrapes_every_cluster_with_its_name(
         return set(clusters) <= clusters_with(prom, "ray_node_cpu_utilization")
 
     eventually(both_scraped)
-    for series in prom.query('ray_node_cpu_utilization{ray_io_cluster="mon-a"}'):
+    for series in prom.query(f'ray_node_cpu_utilization{{ray_io_cluster="{SHARED_CLUSTER}"}}'):
         labels = series["metric"]
         assert (labels["namespace"], labels["role"], labels["node"], labels["node_group"]) == (
             "default",
@@ -100,11 +99,12 @@ def test_prometheus_scrapes_every_cluster_with_its_name(
         )
         assert labels["node_id"]
     # raypod's own metrics, scraped with its token over TLS.
-    eventually(lambda: {"mon-a", "mon-b"} <= clusters_with(prom, "raypod_cluster_info"))
+    eventually(lambda: {SHARED_CLUSTER, "mon-b"} <= clusters_with(prom, "raypod_cluster_info"))
     assert float(prom.query('raypod_clusters{phase="Ready"}')[0]["value"][1]) >= 2
 
     status = run_cli(raypod_server, "raypod", "monitoring", "status")
-    assert status.returncode == 0 and "default/mon-a head" in status.stdout and "raypod: up" in status.stdout
+    assert status.returncode == 0, status.stderr
+    assert f"default/{SHARED_CLUSTER} head" in status.stdout and "raypod: up" in status.stdout
 
     # Without a token, discovery refuses.
     with httpx.Client(verify=False) as anonymous:
@@ -121,7 +121,7 @@ def test_every_dashboard_expression_is_accepted_and_core_panels_have_data(
     assert accepted.startswith(f"{total} of {total} expressions accepted"), accepted
     assert json.loads((tmp_path / "dashboards" / "ray-core.json").read_text())["title"] == "Ray Core"
 
-    eventually(lambda: "mon-a" in clusters_with(prom, "ray_node_mem_used"))
+    eventually(lambda: SHARED_CLUSTER in clusters_with(prom, "ray_node_mem_used"))
     core = dashboards.ray_dashboards()["ray-core"]
     wanted = {"Node CPU Usage %", "Node Memory Usage (heap + object store)", "Object Store Memory Usage"}
     panels = [(title, expr) for title, expr in dashboards.expressions(core) if title in wanted]
@@ -129,7 +129,7 @@ def test_every_dashboard_expression_is_accepted_and_core_panels_have_data(
 
     def every_core_panel_has_series() -> bool:
         for title, expr in panels:
-            assert prom.query(dashboards.resolve(expr, core, {"Cluster": "mon-a"})), title
+            assert prom.query(dashboards.resolve(expr, core, {"Cluster": SHARED_CLUSTER})), title
         return True
 
     eventually(every_core_panel_has_series, timeout=60)
@@ -142,7 +142,7 @@ def test_console_charts_and_the_ray_dashboard_use_prometheus(
 ) -> None:
     def cpu_chart_has_points() -> dict[str, Any]:
         with raypod_server.client() as api:
-            charts = api.request("GET", "/api/v1/namespaces/default/clusters/mon-a/charts?minutes=5")
+            charts = api.request("GET", f"/api/v1/namespaces/default/clusters/{SHARED_CLUSTER}/charts?minutes=5")
         by_key = {chart["key"]: chart for chart in charts["charts"]}
         assert {"cpu", "memory", "object_store", "tasks"} <= set(by_key)
         series = by_key["cpu"]["series"]
@@ -156,7 +156,7 @@ def test_console_charts_and_the_ray_dashboard_use_prometheus(
     # dashboard (reached through the gateway) and anything else on the host are refused.
     with httpx.Client(verify=tls_verify(raypod_server.ca_file)) as http:
         health = http.get(
-            f"{raypod_server.url}/clusters/default/mon-a/api/prometheus_health",
+            f"{raypod_server.url}/clusters/default/{SHARED_CLUSTER}/api/prometheus_health",
             headers={"Authorization": f"Bearer {raypod_server.admin_token}"},
         )
     assert health.status_code >= 400 or health.json().get("result") is False, health.text  # Ray answers 500
@@ -169,8 +169,8 @@ def test_console_charts_and_the_ray_dashboard_use_prometheus(
 def test_the_console_draws_the_cluster_charts(
     raypod_server: RaypodServer, prom: prometheus.PrometheusClient, clusters: list[str], page: Any
 ) -> None:
-    eventually(lambda: "mon-a" in clusters_with(prom, "ray_node_mem_used"))
-    log_in(page, raypod_server, "/namespaces/default/clusters/mon-a")
+    eventually(lambda: SHARED_CLUSTER in clusters_with(prom, "ray_node_mem_used"))
+    log_in(page, raypod_server, f"/namespaces/default/clusters/{SHARED_CLUSTER}")
     cpu = page.locator("figure.chart[data-chart=cpu]")
     cpu.locator("polyline[data-series=head]").wait_for(timeout=60_000)
     assert "head" in (cpu.locator("svg").first.get_attribute("aria-label") or "")
@@ -193,22 +193,27 @@ def test_a_deleted_cluster_drops_out_of_discovery_and_scraping(
     def gone_from_targets() -> bool:
         response = prom.http.get(f"{prom.url}/api/v1/targets", params={"state": "active"})
         names = {t["labels"].get("ray_io_cluster") for t in response.json()["data"]["activeTargets"]}
-        return "mon-b" not in names and "mon-a" in names
+        return "mon-b" not in names and SHARED_CLUSTER in names
 
     eventually(gone_from_targets, timeout=60)
 
 
 def test_monitoring_down_stops_prometheus_and_revokes_its_token(
-    raypod_server: RaypodServer, prom: prometheus.PrometheusClient, clusters: list[str]
+    raypod_server: RaypodServer, prom: prometheus.PrometheusClient, shared_cluster: state.ClusterView
 ) -> None:
     token = (raypod_server.home / "monitoring" / "token").read_text()
     assert oct((raypod_server.home / "monitoring" / "token").stat().st_mode & 0o777) == "0o600"
     stopped = run_cli(raypod_server, "raypod", "monitoring", "down")
-    assert stopped.returncode == 0 and "token is revoked" in stopped.stdout
-    with pytest.raises(httpx.HTTPError):
-        httpx.get(f"{prom.url}/-/ready", timeout=2)
-    with httpx.Client(verify=False) as http:
-        refused = http.get(f"{raypod_server.url}/api/v1/monitoring/sd", headers={"Authorization": f"Bearer {token}"})
-    assert refused.status_code == 401
-    with raypod_server.client() as api, pytest.raises(errors.Conflict, match="monitoring is off"):
-        api.request("GET", "/api/v1/namespaces/default/clusters/mon-a/charts")
+    try:
+        assert stopped.returncode == 0 and "token is revoked" in stopped.stdout
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{prom.url}/-/ready", timeout=2)
+        with httpx.Client(verify=False) as http:
+            sd = f"{raypod_server.url}/api/v1/monitoring/sd"
+            refused = http.get(sd, headers={"Authorization": f"Bearer {token}"})
+        assert refused.status_code == 401
+        with raypod_server.client() as api, pytest.raises(errors.Conflict, match="monitoring is off"):
+            api.request("GET", f"/api/v1/namespaces/default/clusters/{shared_cluster.spec.name}/charts")
+    finally:
+        # Up again on the same port, as the module's other tests found it (they may run after this one).
+        prom.http.auth = monitoring_up(raypod_server, int(prom.url.rsplit(":", 1)[1]))

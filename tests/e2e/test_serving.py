@@ -44,7 +44,7 @@ MODEL = "llama-tiny"
 @pytest.fixture(scope="module")
 def local_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model in a directory of this host's temporary root (which sandboxed nodes do not see)."""
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="needs transformers: pip install -e '.[serving]'")
     from raypod.serving.testing import build_llama
 
     return build_llama(tmp_path_factory.mktemp("model") / MODEL, "tiny", max_context=1024)
@@ -91,8 +91,13 @@ def catalogued(server: RaypodServer, s3: testing.S3Server, model_url: str) -> st
     return MODEL
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def deployed(server: RaypodServer, cluster: state.ClusterView, catalogued: str) -> state.DeploymentView:
+    """The module's deployment, made by the first test that needs it (and again after the test that deletes it,
+    so the tests pass in any order)."""
+    with server.client() as api:
+        if "tiny" in {d.name for d in api.serving.list("serving")}:
+            return api.serving.get("serving", "tiny")
     result = run_cli(
         server, "raypod", "serve", "deploy", catalogued, "--cluster", "serving", "--replicas", "2", "--name", "tiny"
     )
@@ -105,9 +110,9 @@ def deployed(server: RaypodServer, cluster: state.ClusterView, catalogued: str) 
     return deployment
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def openai_client(server: RaypodServer, deployed: state.DeploymentView) -> Iterator[Any]:
-    openai = pytest.importorskip("openai")
+    openai = pytest.importorskip("openai", reason="needs the openai client: pip install -e '.[test]'")
     http = httpx.Client(verify=tls_verify(server.ca_file), timeout=120)
     with server.client() as api:
         base_url = api.serving.openai_base_url("serving", deployed.name)

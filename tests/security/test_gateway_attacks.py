@@ -12,7 +12,6 @@ import socket
 import ssl
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -25,15 +24,7 @@ from tests.e2e.conftest import RaypodServer
 from tests.e2e.test_gateway import ray_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
-CLUSTER = "/clusters/default/sec"
-
-
-@pytest.fixture(scope="module")
-def sec_cluster(raypod_server: RaypodServer) -> Iterator[state.ClusterView]:
-    with raypod_server.client() as api:
-        api.clusters.create({"name": "sec", "head": {"memory": "512Mi", "object_store_memory": "80Mi"}})
-        yield api.clusters.wait_ready("sec", timeout=180)
-        api.clusters.delete("sec")
+CLUSTER = "/clusters/default/shared"
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +86,7 @@ def request(method: str, path: str, token: str, extra: bytes = b"", body: bytes 
 
 
 def test_a_get_with_a_body_cannot_smuggle_an_owner_request(
-    raypod_server: RaypodServer, sec_cluster: state.ClusterView, viewer: str
+    raypod_server: RaypodServer, shared_cluster: state.ClusterView, viewer: str
 ) -> None:
     inner = smuggled_post()
     attack = request("GET", "/api/version", viewer, f"Content-Length: {len(inner)}\r\n".encode(), inner)
@@ -106,7 +97,7 @@ def test_a_get_with_a_body_cannot_smuggle_an_owner_request(
 
 
 def test_an_options_request_with_a_body_is_refused(
-    raypod_server: RaypodServer, sec_cluster: state.ClusterView, viewer: str
+    raypod_server: RaypodServer, shared_cluster: state.ClusterView, viewer: str
 ) -> None:
     inner = smuggled_post()
     attack = request("OPTIONS", "/api/jobs/", viewer, f"Content-Length: {len(inner)}\r\n".encode(), inner)
@@ -115,7 +106,7 @@ def test_an_options_request_with_a_body_is_refused(
 
 
 def test_content_length_with_transfer_encoding_is_refused(
-    raypod_server: RaypodServer, sec_cluster: state.ClusterView, viewer: str
+    raypod_server: RaypodServer, shared_cluster: state.ClusterView, viewer: str
 ) -> None:
     inner = smuggled_post()
     chunked = f"{len(inner):x}\r\n".encode() + inner + b"\r\n0\r\n\r\n"
@@ -126,7 +117,7 @@ def test_content_length_with_transfer_encoding_is_refused(
 
 
 def test_duplicate_content_lengths_are_refused(
-    raypod_server: RaypodServer, sec_cluster: state.ClusterView, viewer: str
+    raypod_server: RaypodServer, shared_cluster: state.ClusterView, viewer: str
 ) -> None:
     headers = b"Content-Length: 0\r\nContent-Length: 40\r\n"
     statuses = raw(raypod_server, request("POST", "/api/jobs/", raypod_server.admin_token, headers, b"x" * 40))
@@ -134,7 +125,7 @@ def test_duplicate_content_lengths_are_refused(
 
 
 def test_pipelined_requests_are_each_authorized(
-    raypod_server: RaypodServer, sec_cluster: state.ClusterView, viewer: str
+    raypod_server: RaypodServer, shared_cluster: state.ClusterView, viewer: str
 ) -> None:
     body = b'{"entrypoint": "echo pipelined-by-a-viewer"}'
     post = request(
@@ -152,14 +143,14 @@ def test_pipelined_requests_are_each_authorized(
 
 
 def test_an_upload_without_rights_is_answered_before_its_body_is_read(
-    raypod_server: RaypodServer, sec_cluster: state.ClusterView, viewer: str
+    raypod_server: RaypodServer, shared_cluster: state.ClusterView, viewer: str
 ) -> None:
     """90 MB declared (under the cap), a few bytes sent: the 403 comes back without the server waiting for the
     rest; 300 MB declared (over it) is 413 at once, whoever sends it."""
 
     def head(token: str, size: int) -> bytes:
         return (
-            "POST /api/v1/namespaces/default/clusters/sec/working-dirs HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            "POST /api/v1/namespaces/default/clusters/shared/working-dirs HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             f"Authorization: Bearer {token}\r\nContent-Type: multipart/form-data; boundary=b\r\n"
             f"Content-Length: {size}\r\n\r\n--b\r\n"
         ).encode()
@@ -171,7 +162,7 @@ def test_an_upload_without_rights_is_answered_before_its_body_is_read(
 
 
 def test_a_followed_job_log_survives_a_busy_host(
-    raypod_server: RaypodServer, sec_cluster: state.ClusterView, tmp_path: Path
+    raypod_server: RaypodServer, shared_cluster: state.ClusterView, tmp_path: Path
 ) -> None:
     """Both cores saturated for 30 s (six of the test server's 5 s websocket pings, whose pongs come late) while
     `ray job submit` follows the log through the gateway's websocket."""
@@ -195,7 +186,7 @@ def test_a_followed_job_log_survives_a_busy_host(
         "job",
         "submit",
         "--address",
-        "raypod://sec",
+        "raypod://shared",
         "--working-dir",
         str(tmp_path),
         "--",
@@ -207,8 +198,11 @@ def test_a_followed_job_log_survives_a_busy_host(
     assert "1006" not in result.stdout + result.stderr
 
 
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="file isolation of the local backend needs a server running as root (docs/security.md)"
+)
 def test_a_job_cannot_read_raypods_secrets_or_another_clusters_files_or_reach_its_ray(
-    raypod_server: RaypodServer, sec_cluster: state.ClusterView, tmp_path: Path
+    raypod_server: RaypodServer, shared_cluster: state.ClusterView, tmp_path: Path
 ) -> None:
     """A job on one cluster tries to read the credentials file, the database, raypod's token files and another
     cluster's session directory, and to call another cluster's dashboard with the token it holds: all denied.
@@ -217,19 +211,17 @@ def test_a_job_cannot_read_raypods_secrets_or_another_clusters_files_or_reach_it
         api.clusters.create({"name": "sec-other", "head": {"memory": "512Mi", "object_store_memory": "80Mi"}})
         other = api.clusters.wait_ready("sec-other", timeout=180)
         info = api.info()
-    if os.geteuid() != 0:
-        pytest.skip("file isolation of the local backend needs a server running as root (docs/security.md)")
-    assert info.isolated, f"this host should isolate nodes (root, util-linux): {info.tenancy}"
-    other_dir = Path(tempfile.gettempdir()) / f"rp-{other.uid[:10]}"
-    assert other_dir.is_dir()
-    targets = [
-        raypod_server.home / "credentials",
-        raypod_server.home / "raypod.db",
-        raypod_server.home / "local" / other.uid / "ray-auth-token",
-        raypod_server.home / "local" / sec_cluster.uid / "ray-auth-token",
-        other_dir,
-    ]
     try:
+        assert info.isolated, f"this host should isolate nodes (root, util-linux): {info.tenancy}"
+        other_dir = Path(tempfile.gettempdir()) / f"rp-{other.uid[:10]}"
+        assert other_dir.is_dir()
+        targets = [
+            raypod_server.home / "credentials",
+            raypod_server.home / "raypod.db",
+            raypod_server.home / "local" / other.uid / "ray-auth-token",
+            raypod_server.home / "local" / shared_cluster.uid / "ray-auth-token",
+            other_dir,
+        ]
         (tmp_path / "probe.py").write_text(
             "import hashlib, os, sys, urllib.request, urllib.error\n"
             "token = os.environ.get('RAY_AUTH_TOKEN', '')\n"
@@ -254,7 +246,7 @@ def test_a_job_cannot_read_raypods_secrets_or_another_clusters_files_or_reach_it
             "job",
             "submit",
             "--address",
-            "raypod://sec",
+            "raypod://shared",
             "--working-dir",
             str(tmp_path),
             "--",
@@ -264,7 +256,7 @@ def test_a_job_cannot_read_raypods_secrets_or_another_clusters_files_or_reach_it
             *map(str, targets),
         )
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-        own = hashlib.sha256(raypod_server.ray_token(sec_cluster.uid).encode()).hexdigest()
+        own = hashlib.sha256(raypod_server.ray_token(shared_cluster.uid).encode()).hexdigest()
         theirs = hashlib.sha256(raypod_server.ray_token(other.uid).encode()).hexdigest()
         assert f"token-sha {own}" in result.stdout and theirs not in result.stdout
         assert "raypod-vars []" in result.stdout

@@ -18,7 +18,7 @@ from tests.server.conftest import make_user, wait_ready
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="needs transformers: pip install -e '.[serving]'")
     from raypod.serving.testing import build_llama
 
     return build_llama(tmp_path_factory.mktemp("model") / "tiny", "tiny", max_context=512)

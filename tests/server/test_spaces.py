@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from tests.server.conftest import make_user, wait_ready
 
-pytest.importorskip("jupyterlab")
+pytest.importorskip("jupyterlab", reason="needs JupyterLab: pip install -e '.[spaces]'")
 
 
 def spec_of(client: TestClient, headers: dict[str, str], namespace: str, name: str) -> dict[str, object]:

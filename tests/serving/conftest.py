@@ -15,7 +15,7 @@ from raypod.testing import free_port
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="needs transformers: pip install -e '.[serving]'")
     from raypod.serving.testing import build_llama
 
     return build_llama(tmp_path_factory.mktemp("models") / "llama-tiny", "tiny", max_context=1024)

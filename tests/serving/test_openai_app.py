@@ -16,7 +16,7 @@ from raypod.serving import catalog, loader
 
 @pytest.fixture(scope="module")
 def client(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    pytest.importorskip("ray.serve")
+    pytest.importorskip("ray.serve", reason="needs Ray Serve: pip install -e '.[serving]'")
     from ray import serve
 
     from raypod.serving import openai_app

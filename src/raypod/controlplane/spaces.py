@@ -150,6 +150,9 @@ def _view(cluster: state.ClusterView, space: spec_mod.SpaceSpec) -> state.SpaceV
     )
     if not space.running:
         return state.SpaceView(**base, state="Stopped", message="stopped: its files are kept")
+    if cluster.status.observed_generation < cluster.generation:
+        # The status predates the last change (a stop then a start, a move): its node may be on its way out.
+        return state.SpaceView(**base, state="Starting", message="the control plane has not applied the change yet")
     observed = next((n for n in cluster.status.nodes if n.name == node), None)
     answers = bool(cluster.status.endpoints.get(f"space/{space.name}"))
     # Ready means a notebook's first ray.init() connects at once: the IDE answers and its node is in the cluster.

@@ -20,7 +20,7 @@ from urllib.parse import quote, urlsplit
 
 import aiohttp
 import websockets
-from fastapi import APIRouter, Request, WebSocket
+from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette import routing as starlette_routing
 from starlette.background import BackgroundTask
@@ -573,6 +573,8 @@ async def _pump(client: WebSocket, upstream: websockets.ClientConnection) -> Non
                     await client.send_text(message)
         except websockets.ConnectionClosed:
             pass
+        except WebSocketDisconnect:  # the client left while a frame was on its way: the other side closes upstream
+            return
         code = upstream.close_code if upstream.close_code is not None else 1000
         with contextlib.suppress(Exception):
             await client.close(code=code if code != 1005 else 1000, reason=(upstream.close_reason or "")[:120])
@@ -591,11 +593,11 @@ async def _pump(client: WebSocket, upstream: websockets.ClientConnection) -> Non
                 await upstream.send(message["text"])
 
     tasks = [asyncio.create_task(downstream()), asyncio.create_task(upstream_side())]
-    _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    for task in pending:
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in tasks:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+            await task  # a finished task's exception is retrieved here too: either side may end the relay
 
 
 http_route = starlette_routing.Route("/clusters/{namespace}/{name}/{path:path}", proxy, methods=METHODS)

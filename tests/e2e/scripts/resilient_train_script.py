@@ -1,6 +1,6 @@
 """A plain Ray Train job, unchanged for raypod: 2 TorchTrainer workers (gloo, CPU), a Ray Train checkpoint every
 step, FailureConfig retries. Deterministic, so a run that lost a node and resumed ends with the same weights as
-an undisturbed one.
+an undisturbed one, which ``undisturbed_weights`` computes in one process (the tests' baseline, without a run).
 
 Every step appends a line to ``<RUN_DIR>/progress.jsonl`` (rank, step, the step it resumed from, wall time), so
 tests and the recovery benchmark see progress without parsing logs. The last stdout line is ``RESULT {json}``.
@@ -29,10 +29,42 @@ from ray.train.torch import TorchTrainer, prepare_model
 STORAGE = os.environ.get("RAYPOD_SHARED_DIR", tempfile.gettempdir())
 
 
-def train_func(config: dict[str, Any]) -> None:
+WORLD_SIZE = 2
+LEARNING_RATE = 0.05
+
+
+def initial_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    model = prepare_model(torch.nn.Linear(8, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    return torch.nn.Linear(8, 1)
+
+
+def loss_of(model: torch.nn.Module, step: int, rank: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(step * 100 + rank)
+    inputs = torch.randn(32, 8, generator=generator)
+    return ((model(inputs) - inputs.sum(dim=1, keepdim=True)) ** 2).mean()
+
+
+def weights_of(state_dict: dict[str, torch.Tensor]) -> list[list[float]]:
+    return [value.flatten().tolist() for value in state_dict.values()]
+
+
+def undisturbed_weights(steps: int) -> list[list[float]]:
+    """The weights an undisturbed run of ``steps`` steps ends with: DDP gives every rank the mean of the ranks'
+    gradients (each divided by the world size, then summed), and SGD keeps no other state."""
+    model = initial_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+    for step in range(steps):
+        parameters = list(model.parameters())
+        per_rank = [torch.autograd.grad(loss_of(model, step, rank), parameters) for rank in range(WORLD_SIZE)]
+        for index, parameter in enumerate(parameters):
+            parameter.grad = sum((grads[index] / WORLD_SIZE for grads in per_rank), torch.zeros_like(parameter))
+        optimizer.step()
+    return weights_of(model.state_dict())
+
+
+def train_func(config: dict[str, Any]) -> None:
+    model = prepare_model(initial_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
     start = 0
     checkpoint = train.get_checkpoint()
     if checkpoint:
@@ -47,9 +79,7 @@ def train_func(config: dict[str, Any]) -> None:
             open(hang_marker, "w").close()
             print(f"rank 0 hangs at step {step}", flush=True)
             time.sleep(10**6)
-        generator = torch.Generator().manual_seed(step * 100 + rank)
-        inputs = torch.randn(32, 8, generator=generator)
-        loss = ((model(inputs) - inputs.sum(dim=1, keepdim=True)) ** 2).mean()
+        loss = loss_of(model, step, rank)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -80,14 +110,14 @@ def main() -> None:
     trainer = TorchTrainer(
         train_func,
         train_loop_config={"steps": steps, "step_s": step_s, "run_dir": run_dir, "hang_at": hang_at},
-        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+        scaling_config=ScalingConfig(num_workers=WORLD_SIZE, resources_per_worker={"CPU": 1}),
         run_config=RunConfig(name=name, storage_path=STORAGE, failure_config=FailureConfig(max_failures=3)),
     )
     result = trainer.fit()
     assert result.checkpoint is not None
     with result.checkpoint.as_directory() as directory:
         state = torch.load(os.path.join(directory, "state.pt"))
-    weights = [value.flatten().tolist() for value in state["model"].values()]
+    weights = weights_of(state["model"])
     print("RESULT " + json.dumps({"step": state["step"], "weights": weights, "metrics": result.metrics}), flush=True)
 
 
