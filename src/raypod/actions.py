@@ -32,6 +32,16 @@ class DeleteNode:
 
 
 @dataclass(frozen=True)
+class StartSidecar:
+    """Start a process the backend keeps beside a running node (hang detection's agent, a workspace's IDE)."""
+
+    name: str  # the node's
+    sidecar: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
 class ReleaseCluster:
     """Forget a cluster whose nodes are all gone: frees its ports and temporary files."""
 
@@ -39,4 +49,4 @@ class ReleaseCluster:
     message: str = "all nodes stopped; cluster removed"
 
 
-Action = CreateNode | DrainNode | DeleteNode | ReleaseCluster
+Action = CreateNode | DrainNode | DeleteNode | StartSidecar | ReleaseCluster

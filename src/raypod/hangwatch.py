@@ -20,7 +20,6 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from raypod import spec as spec_mod
 from raypod.capabilities.hangwatch import worker
 
 __all__ = ["configure", "paused"]
@@ -43,6 +42,10 @@ def configure(
     Raises:
         ValueError: a bad rule or setting; the message names the rule and the field.
     """
+    # The spec's validation is loaded here, not with this module: the checkpoint library imports this module into
+    # every training process, which should not pay for raypod's whole vocabulary (pydantic models, YAML).
+    from raypod import spec as spec_mod
+
     data: dict[str, Any] = {}
     if rules is not None:
         parsed = spec_mod.load_hang_rules(rules) if isinstance(rules, str) else rules

@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from raypod import addons as addons_mod
 from raypod import errors
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -731,6 +732,10 @@ def node_name(group: str, index: int) -> str:
     return f"{group}-{index}"
 
 
+HANGWATCH_SIDECAR = "hangwatch-agent"  # hang detection's agent (capabilities/hangwatch)
+IDE_SIDECAR = "ide"  # a workspace's IDE (capabilities/spaces)
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     """One node the backend must run: a group's resources resolved for a single node."""
@@ -749,6 +754,13 @@ class NodeSpec:
     hangwatch: HangwatchSpec | None = None  # the hang detection agent's settings, when it runs on the node
     space: SpaceSpec | None = None  # the workspace whose IDE the node hosts
     space_path: str = ""  # the workspace's URL path on raypod's server (its IDE's base URL)
+    # What the capabilities add to the node (files, environment, sidecars): attached by the planner when it creates
+    # the node, translated by the backend.
+    addons: addons_mod.NodeAddons = addons_mod.NONE
+
+    def sidecars(self) -> tuple[str, ...]:
+        """The processes a backend keeps beside this node (``ObservedNode.sidecars`` reports them by these names)."""
+        return tuple(sidecar.name for sidecar in self.addons.sidecars)
 
     @classmethod
     def from_group(cls, group: str, name: str, spec: NodeGroupSpec, env: dict[str, str], *, is_head: bool) -> NodeSpec:

@@ -23,6 +23,14 @@ class NodePhase(StrEnum):
     UNKNOWN = "Unknown"  # the process lives but Ray's GCS does not answer: nothing may be concluded about it
 
 
+class SidecarState(StrEnum):
+    """A process the backend keeps beside a node (hang detection's agent, a workspace's IDE), as observed."""
+
+    RUNNING = "Running"
+    NOT_STARTED = "NotStarted"
+    EXITED = "Exited"
+
+
 class ClusterPhase(StrEnum):
     PENDING = "Pending"
     PROVISIONING = "Provisioning"
@@ -52,6 +60,8 @@ class ObservedNode:
     agent_endpoint: str | None = None  # host:port of the node's dashboard agent (HTTP)
     session_dir: str | None = None  # where the node's logs and spilled objects live, when the backend can see it
     memory_bytes: int | None = None  # the node's processes together (PSS), when the backend can see them
+    # The sidecars the node should run, by name; reported only while the node's own processes run.
+    sidecars: dict[str, SidecarState] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -10,16 +10,18 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
+from raypod import addons, state
 from raypod import spec as spec_mod
-from raypod import state
 from raypod.backends import base, fake, local
 
 Phase = state.NodePhase
@@ -30,7 +32,14 @@ SPEC = spec_mod.parse_spec(
         "worker_groups": [{"name": "cpu", "replicas": 1, "cpus": 1, "memory": "512Mi", "object_store_memory": "80Mi"}],
     }
 )
-HEAD, WORKER = SPEC.desired_nodes()
+# Add-ons in the backend's own words (no capability): a file, a variable and a sidecar that reads the file.
+WATCHER = addons.Sidecar(
+    "watcher", ("/bin/sh", "-c", 'cat "{addon_dir}/greeting" > "{addon_dir}/seen"; exec sleep 600')
+)
+ADDONS = addons.NodeAddons(
+    env=(("CONTRACT_ADDON_DIR", "{addon_dir}"),), files=(("greeting", b"hello"),), sidecars=(WATCHER,)
+)
+HEAD, WORKER = (replace(node, addons=ADDONS) for node in SPEC.desired_nodes())
 
 
 @dataclass
@@ -87,6 +96,22 @@ def _local_harness(home: Path) -> Iterator[Harness]:
         AuthenticationTokenLoader.instance().reset_cache()  # later Ray users in this process read their own token
 
 
+@contextlib.contextmanager
+def spawned_processes() -> Iterator[list[list[str]]]:
+    """The argv of every process started in this process meanwhile (a spy on subprocess.Popen)."""
+    spawned: list[list[str]] = []
+    real = subprocess.Popen
+
+    class Spy(real):  # type: ignore[misc,valid-type]
+        def __init__(self, args: Any, *rest: Any, **options: Any) -> None:
+            spawned.append(list(args) if isinstance(args, list | tuple) else [str(args)])
+            super().__init__(args, *rest, **options)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess, "Popen", Spy)
+        yield spawned
+
+
 def _cluster_processes(cluster_id: str) -> list[psutil.Process]:
     found = []
     for process in psutil.process_iter():
@@ -134,6 +159,24 @@ def test_node_lifecycle(harness: Harness) -> None:
     backend.create_node(cid, WORKER)
     seen = wait_for(harness, phase(WORKER.name, Phase.RUNNING), "worker running")
     assert seen.gcs_reachable and seen.nodes[WORKER.name].group == "cpu"
+
+    # observe only reads: a sidecar the node should run is reported as not started, however often it looks, and
+    # runs once the loop's action asks for it.
+    with spawned_processes() as spawned:
+        for _ in range(3):
+            seen = backend.observe(cid)
+    assert spawned == [], f"observe started processes: {spawned}"
+    assert seen.nodes[WORKER.name].sidecars == {"watcher": state.SidecarState.NOT_STARTED}
+    backend.start_sidecar(cid, WORKER.name, "watcher")
+    running = wait_for(harness, lambda s: s.nodes[WORKER.name].sidecars.get("watcher") is state.SidecarState.RUNNING,
+                       "the sidecar running")  # fmt: skip
+    assert running.nodes["head"].sidecars == {"watcher": state.SidecarState.NOT_STARTED}
+    if isinstance(backend, local.LocalBackend):
+        # The sidecar ran in the node's world: its add-on directory filled in, the file written before the start.
+        seen_file = backend.addon_dirs(cid)[WORKER.name] / "seen"
+        wait_for(harness, lambda _: seen_file.exists() and seen_file.read_text() == "hello", "the sidecar's output")
+        ran = backend.run_on_node(cid, WORKER.name, 'cat "$CONTRACT_ADDON_DIR/greeting"', 10)
+        assert ran.output.strip() == "hello", ran.output
 
     with harness.gcs_unreachable():
         blind = wait_for(harness, lambda s: not s.gcs_reachable, "GCS reported unreachable")

@@ -331,3 +331,34 @@ def test_a_preempted_clusters_head_runs_until_its_grace_ends_its_workers_are_dra
     # A head that is not running has nothing to save: no grace.
     dead = plan.park(observed(node("head", Phase.DEAD)), now=NOW, features=DRAIN, grace_until=NOW + 30)
     assert summary(dead) == [("DeleteNode", "head", "DeletedNode")]
+
+
+def test_sidecars_of_live_nodes_are_started_and_restarted_by_actions_and_no_others() -> None:
+    """observe only reports a sidecar that does not run; the plan starts it (a kubelet restarting a container)."""
+    Sidecar = state.SidecarState
+    seen = observed(
+        node("head", sidecars={"hangwatch-agent": Sidecar.RUNNING}),
+        node("cpu-0", Phase.STARTING, sidecars={"hangwatch-agent": Sidecar.NOT_STARTED}),
+        node("cpu-1", sidecars={"hangwatch-agent": Sidecar.EXITED, "ide": Sidecar.NOT_STARTED}),
+    )
+    planned = plan.plan(spec(), seen, deleting=False, now=NOW, features=DRAIN)
+    assert summary(planned) == [
+        ("StartSidecar", "cpu-0", "StartedSidecar"),
+        ("StartSidecar", "cpu-1", "RestartedSidecar"),
+        ("StartSidecar", "cpu-1", "StartedSidecar"),
+    ]
+    assert [a.sidecar for a in planned if isinstance(a, actions.StartSidecar)] == [
+        "hangwatch-agent",
+        "hangwatch-agent",
+        "ide",
+    ]
+    # Not for a node on its way out (draining, scaled away) nor for a cluster being deleted.
+    leaving = observed(
+        node("head"),
+        node("cpu-0", sidecars={"ide": Sidecar.NOT_STARTED}),
+        node("cpu-1", Phase.DRAINING, sidecars={"ide": Sidecar.EXITED}),
+    )
+    assert [r for r in run(spec(replicas=1), leaving) if r[0] == "StartSidecar"] == [
+        ("StartSidecar", "cpu-0", "StartedSidecar")
+    ]
+    assert [r for r in run(spec(), leaving, deleting=True) if r[0] == "StartSidecar"] == []

@@ -213,7 +213,7 @@ def test_strangers_and_missing_credentials_are_refused_at_the_gateway(
 
 
 def test_the_ides_token_stays_on_the_server(server: RaypodServer, space: state.SpaceView, http: httpx.Client) -> None:
-    token_files = list(server.home.rglob("space-nb.token"))
+    token_files = list(server.home.rglob("space-nb.ide.token"))
     assert len(token_files) == 1 and token_files[0].stat().st_mode & 0o777 == 0o600
     token = token_files[0].read_text().strip()
     page = http.get(f"/spaces/default/{SPACE}/lab")

@@ -19,6 +19,7 @@ import pytest
 
 from raypod import state
 from raypod.backends.local import NODE_VARIABLES
+from raypod.capabilities.hangwatch import layout as hangwatch_layout
 from raypod.client._http import tls_verify
 from tests.e2e.conftest import RaypodServer
 from tests.e2e.test_gateway import ray_cli
@@ -227,7 +228,7 @@ def test_a_job_cannot_read_raypods_secrets_or_another_clusters_files_or_reach_it
             "token = os.environ.get('RAY_AUTH_TOKEN', '')\n"
             "print('token-sha', hashlib.sha256(token.encode()).hexdigest())\n"
             "print('raypod-vars', sorted(k for k in os.environ if k.startswith('RAYPOD_') and k not in "
-            f"{NODE_VARIABLES!r}))\n"
+            f"{(*NODE_VARIABLES, hangwatch_layout.DIR_VARIABLE)!r}))\n"
             "for path in sys.argv[2:]:\n"
             "    try:\n"
             "        found = os.listdir(path) if os.path.isdir(path) else open(path, 'rb').read(16)\n"

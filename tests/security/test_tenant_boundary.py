@@ -125,9 +125,10 @@ def detection(job: str | None, action: str, *, ray_job: str = "02000000") -> dic
 
 def hangwatch_dirs(app: App, tmp_path: Path, namespace: str, name: str) -> dict[str, Path]:
     uid = app.http.get(f"/api/v1/namespaces/{namespace}/clusters/{name}", headers=app.as_("admin")).json()["uid"]
-    dirs = {"cpu-0": tmp_path / name / "n0"}
+    roots = {"cpu-0": tmp_path / name / "n0"}  # each node's add-on directory; hang detection's is inside
+    dirs = {node: root / "hangwatch" for node, root in roots.items()}
     dirs["cpu-0"].mkdir(parents=True)
-    app.backend.hangwatch_roots[uid] = dirs
+    app.backend.addon_roots[uid] = roots
     return dirs
 
 

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from raypod import config
 from raypod.backends.fake import FakeBackend
+from raypod.capabilities.governance import notice
 from raypod.server.app import create_app
 
 from .conftest import make_user
@@ -245,7 +246,12 @@ def test_a_preempted_clusters_job_is_told_given_its_grace_and_submitted_again_wi
         preempted_at = time.time()
         view = gov.get("/api/v1/namespaces/default/clusters/batch", headers=root).json()
         assert view["preempted_until"] is not None, view
-        assert ("notify_preemption", uid, "preempted for default/urgent (priority 1000)") in backend.calls
+        notices = [
+            notice.Notice.decode(call[4], now=0)
+            for call in backend.calls
+            if call[:4] == ("put_cluster_kv", uid, notice.NAMESPACE, notice.KEY)
+        ]
+        assert [n.reason for n in notices if n] == ["preempted for default/urgent (priority 1000)"]
         # The head keeps running through the grace, so the job can save a checkpoint; then it stops.
         assert backend.nodes[uid].get("head") is not None
         wait_until(lambda: "JobPreempted" in reasons(gov, root, "default", "batch"), "the job told it was preempted")

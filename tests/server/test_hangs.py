@@ -88,9 +88,9 @@ def setup_cluster(client: TestClient, admin: dict[str, str], tmp_path: Path) -> 
     client.post("/api/v1/clusters", json={"name": "hw"}, headers=admin).raise_for_status()
     wait_ready(client, admin, "default", "hw")
     uid = client.get("/api/v1/namespaces/default/clusters/hw", headers=admin).json()["uid"]
-    dirs = {"cpu-0": tmp_path / "n0", "cpu-1": tmp_path / "n1"}
-    client.app.state.clusters.backend.hangwatch_roots[uid] = dirs  # type: ignore[attr-defined]
-    return uid, dirs
+    roots = {"cpu-0": tmp_path / "n0", "cpu-1": tmp_path / "n1"}  # the nodes' add-on directories
+    client.app.state.clusters.backend.addon_roots[uid] = roots  # type: ignore[attr-defined]
+    return uid, {node: root / "hangwatch" for node, root in roots.items()}
 
 
 def wait_for(check: Any, what: str, timeout: float = 10.0) -> Any:

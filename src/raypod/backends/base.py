@@ -76,9 +76,14 @@ class Backend(Protocol):
 
     def drain_node(self, cluster_id: str, name: str, ray_node_id: str, deadline: float, reason: str) -> None: ...
 
-    def notify_preemption(self, cluster_id: str, deadline: float, reason: str) -> None:
-        """Tell the work running on the cluster that its nodes stop at ``deadline`` (epoch seconds): the notice
-        ``raypod.checkpoint.preemption.notice()`` reads inside Ray. Raises where it cannot be told."""
+    def put_cluster_kv(self, cluster_id: str, namespace: bytes, key: bytes, value: bytes) -> None:
+        """Leave ``value`` in the cluster's Ray key-value store (the GCS's), where code inside Ray reads it (the
+        preemption notice, say). Raises where the cluster's Ray cannot be reached."""
+        ...
+
+    def start_sidecar(self, cluster_id: str, node: str, sidecar: str) -> None:
+        """Start one of the sidecars ``observe`` reports for a live node (``ObservedNode.sidecars``), in the node's
+        isolation with its environment. ``observe`` starts nothing: this is the loop's action."""
         ...
 
     def delete_node(self, cluster_id: str, name: str, *, quarantine_s: float = 0.0) -> None:
@@ -91,14 +96,16 @@ class Backend(Protocol):
         ``timeout_s``. Raises when it cannot run at all (no such node)."""
         ...
 
-    def hangwatch_dirs(self, cluster_id: str) -> dict[str, Path]:
-        """Each node's hangwatch directory, where its agent writes status and detections (capabilities/hangwatch),
-        as this host sees it; nodes without an agent are left out."""
+    def addon_dirs(self, cluster_id: str) -> dict[str, Path]:
+        """Each node's add-on directory (``{addon_dir}`` of its add-ons: where a sidecar such as hang detection's
+        agent writes what the control plane reads), as this host sees it; nodes without add-ons are left out.
+        The node may change what is inside: read it without following links (``untrusted_files``)."""
         ...
 
-    def space_token(self, cluster_id: str, node: str) -> str:
-        """The token of the IDE a workspace node hosts; the gateway presents it, users never see it. Endpoints
-        ``space/<name>`` in ``observe`` say where each running IDE answers."""
+    def sidecar_token(self, cluster_id: str, node: str, sidecar: str) -> str:
+        """A sidecar's own secret (``{token}`` of its add-on), made on first use and kept by the backend: the
+        gateway presents the IDE's, users never see it. A sidecar with an ``endpoint`` is published under that
+        name in ``observe`` once its probe answers."""
         ...
 
     def hidden_from_nodes(self, cluster_id: str, path: str) -> str | None:

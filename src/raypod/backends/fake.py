@@ -36,7 +36,7 @@ class FakeBackend:
         )
         self._lock = threading.Lock()
         self.nodes: dict[str, dict[str, state.ObservedNode]] = {}
-        self.calls: list[tuple[str, str, str]] = []
+        self.calls: list[tuple[Any, ...]] = []
         self.packages: dict[str, set[str]] = {}  # cluster id -> gcs:// packages its (emulated) GCS holds
         self.fail_next_create: str | None = None
         self.no_capacity: set[str] = set()  # node names whose every create fails, as on a full host
@@ -46,7 +46,7 @@ class FakeBackend:
         self.quarantined: list[tuple[str, str, float]] = []  # (cluster, node, seconds) of each replaced node
         self._incarnations = 0
         # Per cluster, node -> a directory a test fills as a node's hangwatch agent would (no agent runs here).
-        self.hangwatch_roots: dict[str, dict[str, Path]] = {}
+        self.addon_roots: dict[str, dict[str, Path]] = {}
         self._job_http = httpx.Client(transport=httpx.MockTransport(self._answer_job_api))
         self._listener: Callable[[str], None] = lambda cluster_id: None
 
@@ -106,6 +106,7 @@ class FakeBackend:
                 phase=state.NodePhase.STARTING,
                 started_at=time.time(),
                 incarnation=f"i{self._incarnations}",
+                sidecars=dict.fromkeys(node.sidecars(), state.SidecarState.NOT_STARTED),
             )
 
     def drain_node(self, cluster_id: str, name: str, ray_node_id: str, deadline: float, reason: str) -> None:
@@ -115,9 +116,18 @@ class FakeBackend:
             if node:
                 self.nodes[cluster_id][name] = _replace(node, phase=state.NodePhase.DRAINING, drain_deadline=deadline)
 
-    def notify_preemption(self, cluster_id: str, deadline: float, reason: str) -> None:
+    def put_cluster_kv(self, cluster_id: str, namespace: bytes, key: bytes, value: bytes) -> None:
         with self._lock:
-            self.calls.append(("notify_preemption", cluster_id, reason))
+            self.calls.append(("put_cluster_kv", cluster_id, namespace, key, value))
+
+    def start_sidecar(self, cluster_id: str, node: str, sidecar: str) -> None:
+        with self._lock:
+            self.calls.append(("start_sidecar", cluster_id, node, sidecar))
+            found = self.nodes.get(cluster_id, {}).get(node)
+            if found is None or sidecar not in found.sidecars:
+                raise errors.PermanentError(f"node {node} has no sidecar {sidecar}")
+            running = {**found.sidecars, sidecar: state.SidecarState.RUNNING}
+            self.nodes[cluster_id][node] = _replace(found, sidecars=running)
 
     def delete_node(self, cluster_id: str, name: str, *, quarantine_s: float = 0.0) -> None:
         with self._lock:
@@ -150,14 +160,14 @@ class FakeBackend:
             self.nodes[cluster_id][name] = _replace(node, phase=state.NodePhase.DEAD, reason="killed")
         self._listener(cluster_id)
 
-    def hangwatch_dirs(self, cluster_id: str) -> dict[str, Path]:
-        return dict(self.hangwatch_roots.get(cluster_id, {}))
+    def addon_dirs(self, cluster_id: str) -> dict[str, Path]:
+        return dict(self.addon_roots.get(cluster_id, {}))
 
     def hidden_from_nodes(self, cluster_id: str, path: str) -> str | None:
         return None
 
-    def space_token(self, cluster_id: str, node: str) -> str:
-        return f"fake-ide-token-{cluster_id}-{node}"
+    def sidecar_token(self, cluster_id: str, node: str, sidecar: str) -> str:
+        return f"fake-{sidecar}-token-{cluster_id}-{node}"
 
     def kv_store(self, cluster_id: str, max_bytes: int) -> str:
         raise errors.InvalidSpec("the fake backend runs no Redis: give the KV cache an L2 address")

@@ -22,19 +22,16 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 
-from raypod import config, errors, state, untrusted_files
+from raypod import addons, config, errors, state, untrusted_files
 from raypod import spec as spec_mod
 from raypod.backends import _ports, base, commands, privileged, ray_jobs
-from raypod.capabilities.governance import notice as governance_notice
-from raypod.capabilities.hangwatch import layout as hangwatch_layout  # a leaf module: paths and names only
-from raypod.capabilities.spaces import ide as space_ide
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +52,7 @@ WORKER_OVERHEAD_BYTES = 350 * 2**20
 STOP_GRACE_S = 3.0
 MEMORY_SAMPLE_S = 15.0
 # What a node's processes are told about where they run: not secrets, the node's own names and directories.
-NODE_VARIABLES = (CLUSTER_MARKER, NODE_MARKER, SHARED_DIR_VARIABLE, hangwatch_layout.DIR_VARIABLE)
+NODE_VARIABLES = (CLUSTER_MARKER, NODE_MARKER, SHARED_DIR_VARIABLE)
 NODE_PORTS = (
     "agent_port",
     "metrics_port",
@@ -114,16 +111,10 @@ class _NodeRecord:
     drain_deadline: float | None = None
     temp_dir: str = ""  # the node's own session/spill root (a worker's; the head uses the cluster's)
     registered: bool = False  # seen alive in the GCS at least once
-    hangwatch_dir: str = ""  # the node's hangwatch directory when its agent runs (capabilities/hangwatch)
-    hangwatch_pid: int = 0
-    hangwatch_create_time: float = 0.0
-    space_kind: str = ""  # the workspace IDE the node hosts (capabilities/spaces), when it hosts one
-    space_path: str = ""  # its base URL path on raypod's server
-    space_dir: str = ""  # its files
-    space_python_env: str = ""  # the Python environment its kernels run in, when not raypod's
-    ide_port: int = 0
-    ide_pid: int = 0
-    ide_create_time: float = 0.0
+    addon_dir: str = ""  # where its add-ons' files are (the node may change them: read without following links)
+    sidecars: list[dict[str, Any]] = field(default_factory=list)  # addons.Sidecar, as JSON
+    sidecar_ports: dict[str, int] = field(default_factory=dict)
+    sidecar_processes: dict[str, list[float]] = field(default_factory=dict)  # name -> [pid, create time]
 
 
 class LocalBackend:
@@ -148,7 +139,7 @@ class LocalBackend:
         self._gcs_errors: dict[str, str] = {}
         self._memory_samples: dict[str, tuple[float, dict[str, int | None]]] = {}
         self._inside: dict[int, tuple[int, float]] = {}
-        self._ide_answered: dict[tuple[str, str], int] = {}  # (cluster, node) -> the IDE pid that answered
+        self._answered: dict[tuple[str, str, str], int] = {}  # (cluster, node, sidecar) -> the pid that answered
         self._http = httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
         gpus = _count_gpus()
         self.features = frozenset(
@@ -222,18 +213,13 @@ class LocalBackend:
             if found is not None and found.alive and not record.registered:
                 record.registered = True
                 self._write_node(cluster_id, record)
-        for record in records.values():
-            if record.hangwatch_dir and _is_alive(record):
-                self._ensure_hangwatch_agent(cluster_id, record)
-            if record.space_kind and _is_alive(record):
-                # Beside the raylet's start, not after it: the IDE takes as long to listen as the raylet to join.
-                self._ensure_ide(cluster_id, cluster, record)
         memory = self._memory_of(cluster_id, processes)
         nodes = {name: _observe_node(record, table, cluster, memory.get(name)) for name, record in records.items()}
-        spaces = {
-            f"space/{record.name.removeprefix(spec_mod.SPACE_GROUP + '-')}": f"http://127.0.0.1:{record.ide_port}"
+        published = {
+            sidecar.endpoint: f"http://127.0.0.1:{record.sidecar_ports[sidecar.name]}"
             for record in records.values()
-            if record.space_kind and self._ide_answers(cluster_id, record)
+            for sidecar in map(addons.sidecar_from_json, record.sidecars)
+            if sidecar.endpoint and self._sidecar_answers(cluster_id, record, sidecar)
         }
         return state.ObservedCluster(
             nodes=nodes,
@@ -242,7 +228,7 @@ class LocalBackend:
                 "gcs": f"127.0.0.1:{cluster.gcs_port}",
                 "client": f"ray://127.0.0.1:{cluster.client_port}",
                 "serve": f"http://127.0.0.1:{self._serve_port(cluster_id, cluster)}",
-                **spaces,
+                **published,
             },
             stray_nodes=frozenset(name for name in processes if name not in records and not name.startswith("_")),
             gcs_reachable=table.error is None,
@@ -345,34 +331,7 @@ class LocalBackend:
             record.temp_dir = (
                 cluster.temp_dir if node.is_head else os.path.join(cluster.temp_dir, f"n{record.incarnation[:8]}")
             )
-            if node.hangwatch is not None:
-                record.hangwatch_dir = os.path.join(
-                    cluster.temp_dir, "hangwatch", f"{node.name}-{record.incarnation[:8]}"
-                )
-                # The cluster's directory is its nodes' to change: written without following their links.
-                untrusted_files.write_json(
-                    _resolved_parent(cluster.temp_dir),
-                    os.path.relpath(record.hangwatch_dir, cluster.temp_dir) + "/config.json",
-                    node.hangwatch.model_dump(mode="json"),
-                )
-            binds: list[str] = []
-            if node.space is not None:
-                namespace, name = node.space_path.strip("/").split("/")[1:3]
-                files = space_ide.files_dir(self.home, namespace, name, node.space.owner)
-                files.mkdir(parents=True, exist_ok=True)
-                record.space_kind, record.space_path, record.space_dir = (
-                    node.space.kind.value,
-                    node.space_path,
-                    str(files),
-                )
-                record.space_python_env = node.space.python_env or ""
-                if node.space.python_env:
-                    try:
-                        space_ide.write_env_kernel(files, node.space.python_env)
-                    except OSError as exc:
-                        raise errors.PermanentError(f"cannot write workspace {name}'s kernel: {exc}") from exc
-                record.ide_port = _ports.allocate(1, self._reserved_ports() | set(ports))[0]
-                binds.append(str(files))
+            binds = self._place_addons(cluster, record, node.addons, set(ports))
             node_dir = self._cluster_dir(cluster_id) / "nodes"
             log = open(node_dir / f"{node.name}.log", "ab")  # noqa: SIM115 - handed to the child
             launch = self._sandboxed(
@@ -430,19 +389,16 @@ class LocalBackend:
         record.drain_deadline = deadline
         self._write_node(cluster_id, record)
 
-    def notify_preemption(self, cluster_id: str, deadline: float, reason: str) -> None:
+    def put_cluster_kv(self, cluster_id: str, namespace: bytes, key: bytes, value: bytes) -> None:
         cluster = self._read_cluster(cluster_id)
         if cluster is None:
             return
-        notice = governance_notice.Notice(deadline, reason)
         try:
             with self._as_cluster(cluster_id):
-                self._gcs_client(cluster_id, cluster.gcs_port).internal_kv_put(
-                    governance_notice.KEY, notice.encode(), True, governance_notice.NAMESPACE
-                )
+                self._gcs_client(cluster_id, cluster.gcs_port).internal_kv_put(key, value, True, namespace)
         except Exception as exc:
             self._gcs_clients.pop(cluster_id, None)
-            raise errors.TransientError(f"cannot leave the preemption notice in the cluster's Ray: {exc}") from exc
+            raise errors.TransientError(f"cannot write to the cluster's Ray key-value store: {exc}") from exc
 
     def delete_node(self, cluster_id: str, name: str, *, quarantine_s: float = 0.0) -> None:
         record = self._read_nodes(cluster_id).get(name)
@@ -458,38 +414,67 @@ class LocalBackend:
         with contextlib.suppress(FileNotFoundError):
             (self._cluster_dir(cluster_id) / "nodes" / f"{name}.json").unlink()
 
-    def hangwatch_dirs(self, cluster_id: str) -> dict[str, Path]:
+    def addon_dirs(self, cluster_id: str) -> dict[str, Path]:
         """Without a symbolic link on the way (the host's temporary root resolved), as the collector requires."""
         return {
-            name: _resolved_parent(record.hangwatch_dir)
+            name: _resolved_parent(record.addon_dir)
             for name, record in self._read_nodes(cluster_id).items()
-            if record.hangwatch_dir
+            if record.addon_dir
         }
 
-    def _ensure_hangwatch_agent(self, cluster_id: str, record: _NodeRecord) -> None:
-        """Start the node's hangwatch agent, or start it again when it died: a sidecar the backend keeps running,
-        as a kubelet does a pod's. It runs in the node's namespaces with the node's environment (it sees the
-        node's process ids and may ptrace them for stacks), without capabilities, like the node."""
-        if record.hangwatch_pid and _process_matches(record.hangwatch_pid, record.hangwatch_create_time):
-            return
-        try:
-            launch = self._as_node(
-                record,
-                self._node_environment(record),
-                [sys.executable, "-m", "raypod.capabilities.hangwatch.agent", record.hangwatch_dir],
+    def _place_addons(
+        self, cluster: _ClusterRecord, record: _NodeRecord, found: addons.NodeAddons, taken: set[int]
+    ) -> list[str]:
+        """Write the add-ons' files into the node's add-on directory (new with each incarnation), keep its
+        sidecars in its record with a port each, and return the host directories its sandbox must show."""
+        if not found:
+            return []
+        record.addon_dir = os.path.join(cluster.temp_dir, "addons", f"{record.name}-{record.incarnation[:8]}")
+        for relative, content in found.files:
+            # The cluster's directory is its nodes' to change: written without following their links.
+            untrusted_files.write_bytes(
+                _resolved_parent(cluster.temp_dir),
+                os.path.relpath(os.path.join(record.addon_dir, relative), cluster.temp_dir),
+                content,
+                mode=0o644,
             )
-        except (psutil.Error, errors.RaypodError):
-            return  # the node is starting or stopping: next pass
-        if record.hangwatch_pid:
-            log.warning("hangwatch agent of node %s exited; starting it again", record.name)
-        # Its log is beside the node's, in raypod's own directory: the hangwatch directory is the node's to change.
-        log_path = self._cluster_dir(cluster_id) / "nodes" / f"{record.name}.hangwatch.log"
-        pid = self._start_sidecar(launch, "/", log_path)
-        record.hangwatch_pid, record.hangwatch_create_time = pid, _create_time(pid)
-        self._write_node(cluster_id, record)
+        for bind in found.binds:
+            Path(bind).mkdir(parents=True, exist_ok=True)
+        record.sidecars = [addons.sidecar_to_json(sidecar) for sidecar in found.sidecars]
+        ports = _ports.allocate(len(found.sidecars), self._reserved_ports() | taken) if found.sidecars else []
+        record.sidecar_ports = {sidecar.name: port for sidecar, port in zip(found.sidecars, ports, strict=True)}
+        return list(found.binds)
+
+    def start_sidecar(self, cluster_id: str, node: str, sidecar: str) -> None:
+        with self._lock:
+            cluster = self._read_cluster(cluster_id)
+            record = self._read_nodes(cluster_id).get(node)
+            if cluster is None or record is None or not _is_alive(record):
+                raise errors.TransientError(f"node {node} is not running")
+            wanted = next((addons.sidecar_from_json(s) for s in record.sidecars if s.get("name") == sidecar), None)
+            if wanted is None:
+                raise errors.PermanentError(f"node {node} has no sidecar {sidecar}")
+            if _sidecars(record).get(sidecar) is state.SidecarState.RUNNING:
+                return
+            fill = addons.Filled(
+                addon_dir=record.addon_dir,
+                gcs=f"127.0.0.1:{cluster.gcs_port}",
+                port=record.sidecar_ports.get(sidecar, 0),
+                token=self.sidecar_token(cluster_id, node, sidecar),
+            )
+            try:
+                environment = {**self._node_environment(record), **{k: fill(v) for k, v in wanted.env}}
+                launch = self._as_node(record, environment, [fill(arg) for arg in wanted.argv])
+            except (psutil.Error, errors.RaypodError) as exc:
+                raise errors.TransientError(f"node {node} is starting or stopping: {exc}") from exc
+            # Its log is beside the node's, in raypod's own directory: the add-on directory is the node's to change.
+            log_path = self._cluster_dir(cluster_id) / "nodes" / f"{node}.{sidecar}.log"
+            pid = self._start_sidecar(launch, fill(wanted.cwd), log_path)
+            record.sidecar_processes[sidecar] = [pid, _create_time(pid)]
+            self._write_node(cluster_id, record)
 
     def _start_sidecar(self, launch: privileged.Launch, cwd: str, log_path: Path) -> int:
-        """A process beside a node (its hangwatch agent, its IDE), in a session of its own; its pid."""
+        """A process beside a node, in a session of its own; its pid."""
         try:
             with open(log_path, "ab") as output:
                 child = subprocess.Popen(
@@ -508,59 +493,34 @@ class LocalBackend:
         self._children[child.pid] = child
         return child.pid
 
-    def _ensure_ide(self, cluster_id: str, cluster: _ClusterRecord, record: _NodeRecord) -> None:
-        """Start the workspace's IDE beside its node's raylet, or again when it died (its files stay): inside the
-        node's namespaces, so a kernel's ``ray.init(address="auto")`` finds this node's raylet and no other."""
-        if record.ide_pid and _process_matches(record.ide_pid, record.ide_create_time):
-            return
-        kind = spec_mod.SpaceKind(record.space_kind)
-        files = Path(record.space_dir)
-        where = config.read_credentials()  # the server's address and CA; its token is not for the node
-        try:
-            environment = space_ide.environment(
-                self._node_environment(record),
-                kind,
-                self.space_token(cluster_id, record.name),
-                files,
-                f"127.0.0.1:{cluster.gcs_port}",
-                where.get("server"),
-                space_ide.copy_ca(where.get("ca_file"), files),
-            )
-            ide = space_ide.command(kind, record.ide_port, record.space_path, files, record.space_python_env or None)
-            launch = self._as_node(record, environment, ide)
-        except (psutil.Error, errors.RaypodError):
-            return  # the node is starting or stopping: next pass
-        if record.ide_pid:
-            log.warning("the IDE of workspace node %s exited; starting it again", record.name)
-        log_path = self._cluster_dir(cluster_id) / "nodes" / f"{record.name}.ide.log"
-        pid = self._start_sidecar(launch, str(files), log_path)
-        record.ide_pid, record.ide_create_time = pid, _create_time(pid)
-        self._write_node(cluster_id, record)
-
-    def _ide_answers(self, cluster_id: str, record: _NodeRecord) -> bool:
-        """Whether the node's IDE runs and has answered once (an IDE takes seconds to listen after it starts)."""
-        if not (record.ide_pid and _process_matches(record.ide_pid, record.ide_create_time)):
+    def _sidecar_answers(self, cluster_id: str, record: _NodeRecord, sidecar: addons.Sidecar) -> bool:
+        """Whether the sidecar runs and has answered its probe once (an IDE takes seconds to listen)."""
+        pid, create_time = record.sidecar_processes.get(sidecar.name, [0, 0.0])
+        if not (pid and _process_matches(int(pid), create_time)):
             return False
-        if self._ide_answered.get((cluster_id, record.name)) == record.ide_pid:
+        key = (cluster_id, record.name, sidecar.name)
+        if self._answered.get(key) == pid:
             return True
-        kind = spec_mod.SpaceKind(record.space_kind)
-        path = f"{record.space_path}api/status" if kind is spec_mod.SpaceKind.JUPYTERLAB else "/healthz"
+        if sidecar.ready is None:
+            return True
+        token = self.sidecar_token(cluster_id, record.name, sidecar.name)
+        headers = {name: value.replace("{token}", token) for name, value in sidecar.ready.headers}
         try:
-            response = httpx.get(
-                f"http://127.0.0.1:{record.ide_port}{path}",
-                headers={"Authorization": f"token {self.space_token(cluster_id, record.name)}"},
+            response = self._http.get(
+                f"http://127.0.0.1:{record.sidecar_ports[sidecar.name]}{sidecar.ready.path}",
+                headers=headers,
                 timeout=1.0,
             )
         except httpx.HTTPError:
             return False
         if response.status_code != 200:
             return False
-        self._ide_answered[(cluster_id, record.name)] = record.ide_pid
+        self._answered[key] = int(pid)
         return True
 
-    def space_token(self, cluster_id: str, node: str) -> str:
-        """The IDE's token of a workspace node (0600 in the cluster's directory; the gateway presents it)."""
-        path = self._cluster_dir(cluster_id) / "spaces" / f"{node}.token"
+    def sidecar_token(self, cluster_id: str, node: str, sidecar: str) -> str:
+        """A sidecar's own secret (0600 in the cluster's directory): the IDE's token, which the gateway presents."""
+        path = self._cluster_dir(cluster_id) / "sidecars" / f"{node}.{sidecar}.token"
         try:
             return path.read_text().strip()
         except FileNotFoundError:
@@ -720,11 +680,11 @@ class LocalBackend:
             env[SHARED_DIR_VARIABLE] = os.path.join(cluster.temp_dir, "shared")
             if node.managed_redis and cluster.redis_port:
                 env["RAY_REDIS_ADDRESS"] = f"127.0.0.1:{cluster.redis_port}"
-        if record.hangwatch_dir:
-            # Every Ray Train run on the node reports its ranks' progress to the node's agent (no script change).
-            callbacks = [c for c in env.get(hangwatch_layout.CALLBACKS_VARIABLE, "").split(",") if c.strip()]
-            env[hangwatch_layout.CALLBACKS_VARIABLE] = ",".join([*callbacks, hangwatch_layout.CALLBACK])
-            env[hangwatch_layout.DIR_VARIABLE] = record.hangwatch_dir
+        fill = addons.Filled(addon_dir=record.addon_dir, gcs=f"127.0.0.1:{cluster.gcs_port}" if cluster else "")
+        env.update({name: fill(value) for name, value in node.addons.env})
+        for name, item in node.addons.env_lists:
+            present = [entry for entry in env.get(name, "").split(",") if entry.strip()]
+            env[name] = ",".join([*present, fill(item)])
         env[CLUSTER_MARKER] = cluster_id
         env[NODE_MARKER] = node.name
         env["RAY_NODE_TYPE_NAME"] = node.group  # becomes Ray's ray.io/node-group label, as on KubeRay
@@ -978,7 +938,8 @@ class LocalBackend:
             for path in (directory / "nodes").glob("*.json"):
                 node = _read_json(path)
                 if node:
-                    reserved |= {node[key] for key in (*NODE_PORTS, "ide_port") if node.get(key)}
+                    reserved |= {node[key] for key in NODE_PORTS if node.get(key)}
+                    reserved |= set((node.get("sidecar_ports") or {}).values())
         return reserved
 
 
@@ -1096,7 +1057,23 @@ def _observe_node(
         agent_endpoint=f"127.0.0.1:{record.agent_port}",
         session_dir=record.temp_dir or cluster.temp_dir,
         memory_bytes=memory,
+        sidecars=_sidecars(record) if _is_alive(record) else {},
     )
+
+
+def _sidecars(record: _NodeRecord) -> dict[str, state.SidecarState]:
+    """What runs of the node's sidecars (read from its record and the process table: nothing is started here)."""
+    found = {}
+    for sidecar in record.sidecars:
+        name = str(sidecar.get("name"))
+        pid, create_time = record.sidecar_processes.get(name, [0, 0.0])
+        if not pid:
+            found[name] = state.SidecarState.NOT_STARTED
+        elif _process_matches(int(pid), create_time):
+            found[name] = state.SidecarState.RUNNING
+        else:
+            found[name] = state.SidecarState.EXITED
+    return found
 
 
 def _is_alive(record: _NodeRecord) -> bool:

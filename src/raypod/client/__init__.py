@@ -7,7 +7,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -15,6 +15,8 @@ from raypod import config, errors, state
 from raypod import spec as spec_mod
 from raypod.client._http import Transport
 from raypod.serving import catalog
+
+T = TypeVar("T")
 
 
 class Clusters:
@@ -78,21 +80,22 @@ class Clusters:
         Raises:
             TransientError: not ready within ``timeout``. PermanentError: the cluster failed.
         """
-        deadline = time.monotonic() + timeout
-        while True:
-            view = self.get(name, namespace)
-            if on_progress:
-                on_progress(view)
-            if view.status.phase is state.ClusterPhase.READY and view.status.observed_generation == view.generation:
-                return view
-            if view.status.phase is state.ClusterPhase.FAILED:
-                raise errors.PermanentError(f"cluster '{name}' failed: {view.status.message}")
-            if time.monotonic() > deadline:
-                raise errors.TransientError(
-                    f"cluster '{name}' not ready after {timeout:.0f} s ({view.status.message}); "
-                    f"see 'raypod cluster events {name}'"
-                )
-            time.sleep(0.25)
+        return _poll(
+            lambda: self.get(name, namespace),
+            lambda v: v.status.phase is state.ClusterPhase.READY and v.status.observed_generation == v.generation,
+            timeout=timeout,
+            every=0.25,
+            on_progress=on_progress,
+            failed=lambda v: (
+                errors.PermanentError(f"cluster '{name}' failed: {v.status.message}")
+                if v.status.phase is state.ClusterPhase.FAILED
+                else None
+            ),
+            late=lambda v: (
+                f"cluster '{name}' not ready after {timeout:.0f} s ({v.status.message}); "
+                f"see 'raypod cluster events {name}'"
+            ),
+        )
 
     def wait_deleted(self, name: str, namespace: str = "default", timeout: float = 120.0) -> None:
         """Poll until the cluster is gone.
@@ -100,14 +103,16 @@ class Clusters:
         Raises:
             TransientError: still there after ``timeout``.
         """
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def gone() -> bool:
             try:
                 self.get(name, namespace)
             except errors.NotFound:
-                return
-            time.sleep(0.25)
-        raise errors.TransientError(f"cluster '{name}' still being deleted after {timeout:.0f} s")
+                return True
+            return False
+
+        late = f"cluster '{name}' still being deleted after {timeout:.0f} s"
+        _poll(gone, bool, timeout=timeout, every=0.25, late=lambda _: late)
 
 
 class Jobs:
@@ -171,16 +176,14 @@ class Jobs:
         Raises:
             TransientError: still running after ``timeout``.
         """
-        deadline = time.monotonic() + timeout
-        while True:
-            job = self.get(job_id)
-            if on_progress:
-                on_progress(job)
-            if job.status in TERMINAL_JOB_STATUSES:
-                return job
-            if time.monotonic() > deadline:
-                raise errors.TransientError(f"job {job_id} still {job.status.value} after {timeout:.0f} s")
-            time.sleep(0.5)
+        return _poll(
+            lambda: self.get(job_id),
+            lambda job: job.status in TERMINAL_JOB_STATUSES,
+            timeout=timeout,
+            every=0.5,
+            on_progress=on_progress,
+            late=lambda job: f"job {job_id} still {job.status.value} after {timeout:.0f} s",
+        )
 
 
 class Models:
@@ -259,18 +262,17 @@ class Serving:
     ) -> state.DeploymentView:
         """Poll until Serve runs it. Raises InvalidSpec (it failed to deploy: the message says why),
         TransientError (not running after ``timeout``)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            deployment = self.get(cluster, name, namespace)
-            if on_progress:
-                on_progress(deployment)
-            if deployment.status == "RUNNING":
-                return deployment
-            if deployment.status == "DEPLOY_FAILED":
-                raise errors.InvalidSpec(f"deployment {name} failed: {deployment.message}")
-            if time.monotonic() > deadline:
-                raise errors.TransientError(f"deployment {name} still {deployment.status} after {timeout:.0f} s")
-            time.sleep(1.0)
+        return _poll(
+            lambda: self.get(cluster, name, namespace),
+            lambda d: d.status == "RUNNING",
+            timeout=timeout,
+            every=1.0,
+            on_progress=on_progress,
+            failed=lambda d: (
+                errors.InvalidSpec(f"deployment {name} failed: {d.message}") if d.status == "DEPLOY_FAILED" else None
+            ),
+            late=lambda d: f"deployment {name} still {d.status} after {timeout:.0f} s",
+        )
 
     def openai_base_url(self, cluster: str, name: str, namespace: str = "default") -> str:
         """What to give an OpenAI client as ``base_url`` (with a raypod token as its ``api_key``)."""
@@ -332,18 +334,14 @@ class Spaces:
         on_progress: Callable[[state.SpaceView], None] | None = None,
     ) -> state.SpaceView:
         """Poll until its IDE answers. Raises TransientError (not ready after ``timeout``)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            space = self.get(name, namespace)
-            if on_progress:
-                on_progress(space)
-            if space.state == "Ready":
-                return space
-            if time.monotonic() > deadline:
-                raise errors.TransientError(
-                    f"workspace {name} still {space.state} after {timeout:.0f} s: {space.message}"
-                )
-            time.sleep(0.25)
+        return _poll(
+            lambda: self.get(name, namespace),
+            lambda space: space.state == "Ready",
+            timeout=timeout,
+            every=0.25,
+            on_progress=on_progress,
+            late=lambda space: f"workspace {name} still {space.state} after {timeout:.0f} s: {space.message}",
+        )
 
     def url(self, name: str, namespace: str = "default") -> str:
         """The workspace's IDE, on raypod's server (a browser logged in to the console opens it)."""
@@ -599,3 +597,30 @@ __all__ = [
     "Users",
     "connection_settings",
 ]
+
+
+def _poll(
+    fetch: Callable[[], T],
+    done: Callable[[T], bool],
+    *,
+    timeout: float,
+    every: float,
+    late: Callable[[T], str],
+    on_progress: Callable[[T], None] | None = None,
+    failed: Callable[[T], errors.RaypodError | None] = lambda _: None,
+) -> T:
+    """``fetch()`` every ``every`` s until ``done`` says so. Raises what ``failed`` returns for an answer that will
+    not get better, and TransientError(``late(last answer)``) past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = fetch()
+        if on_progress:
+            on_progress(found)
+        if done(found):
+            return found
+        problem = failed(found)
+        if problem is not None:
+            raise problem
+        if time.monotonic() > deadline:
+            raise errors.TransientError(late(found))
+        time.sleep(every)

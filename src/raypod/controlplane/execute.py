@@ -19,6 +19,7 @@ WARNING_REASONS = frozenset(
         "CleanedUpStrayProcesses",
         "RemovedUnhealthyNode",
         "DrainingUnhealthyNode",
+        "RestartedSidecar",
     }
 )
 
@@ -70,6 +71,8 @@ def _apply(action: actions.Action, backend: base.Backend, cluster_id: str) -> Ou
                 backend.drain_node(cluster_id, name, ray_node_id, deadline, message)
             case actions.DeleteNode(name=name, quarantine_s=quarantine_s):
                 backend.delete_node(cluster_id, name, quarantine_s=quarantine_s)
+            case actions.StartSidecar(name=name, sidecar=sidecar):
+                backend.start_sidecar(cluster_id, name, sidecar)
             case actions.ReleaseCluster():
                 backend.release(cluster_id)
     except Exception as exc:  # one failed action must not stop the control plane

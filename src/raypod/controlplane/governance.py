@@ -18,6 +18,7 @@ from raypod import spec as spec_mod
 from raypod.backends import base
 from raypod.backends.kuberay import kueue
 from raypod.capabilities.governance import admission
+from raypod.capabilities.governance import notice as preemption_notice
 from raypod.controlplane import capacity, identity, store
 
 log = logging.getLogger(__name__)
@@ -326,7 +327,8 @@ class GovernanceService:
     def _notify(self, view: state.ClusterView, deadline: float, reason: str) -> None:
         """Leave the preemption notice in the cluster's Ray; a cluster that cannot be told still gets its grace."""
         try:
-            self.backend.notify_preemption(view.uid, deadline, reason)
+            notice = preemption_notice.Notice(deadline, reason)
+            self.backend.put_cluster_kv(view.uid, preemption_notice.NAMESPACE, preemption_notice.KEY, notice.encode())
         except errors.RaypodError as exc:
             self.store.record(
                 view, state.EventType.WARNING, "PreemptionNoticeFailed", f"its work was not told: {exc.message}"

@@ -24,6 +24,7 @@ import sqlalchemy as sa
 
 from raypod import errors, outbound, state, untrusted_files
 from raypod import spec as spec_mod
+from raypod.capabilities.hangwatch import addons as hangwatch_addons
 from raypod.capabilities.hangwatch import detector
 from raypod.capabilities.observability import metrics
 from raypod.controlplane import schema, store
@@ -195,7 +196,7 @@ class HangCollector(Periodic):
             del self.progress[uid]
 
     def _collect_cluster(self, view: state.ClusterView, now: float) -> None:
-        dirs = self.backend.hangwatch_dirs(view.uid)
+        dirs = {node: found / hangwatch_addons.SUBDIR for node, found in self.backend.addon_dirs(view.uid).items()}
         runs = self._progress(dirs, now)
         for run, places in runs:
             self._judge(view, run, places)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
 
-from raypod import actions, errors, state
+from raypod import actions, addons, errors, state
 from raypod import spec as spec_mod
 from raypod.backends import base
 from raypod.capabilities.nodehealth import model as health_model
@@ -37,8 +38,10 @@ class Reconciler:
         gcs_unreachable_timeout_s: float = status.DEFAULT_GCS_UNREACHABLE_TIMEOUT_S,
         health: HealthMonitor | None = None,
         scheduler: Callable[[], None] | None = None,
+        node_addons: Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None = None,
     ) -> None:
         self.store = db
+        self.node_addons = node_addons
         self.backend = backend
         gpus = GpuHealth.from_host() if base.Feature.GPUS in backend.features else None
         self.health = health or HealthMonitor(backend, gpus=gpus)
@@ -189,7 +192,7 @@ class Reconciler:
         def record(kind: state.EventType, reason: str, message: str, node: str | None) -> None:
             self._record(view, kind, reason, message, node)
 
-        outcomes = execute.execute(planned, self.backend, view.uid, record)
+        outcomes = execute.execute(self._with_addons(planned), self.backend, view.uid, record)
         if any(isinstance(o.action, actions.ReleaseCluster) and o.error is None for o in outcomes):
             self.store.remove(view.uid)
             self.health.forget(view.uid)
@@ -226,6 +229,17 @@ class Reconciler:
         if is_settled:
             self._quiet[view.uid] = (view.generation, observed, time.monotonic() + QUIET_RECHECK_S)
         return is_settled
+
+    def _with_addons(self, planned: list[actions.Action]) -> list[actions.Action]:
+        """Each node to create with what the capabilities add to it (the plan stays pure: this reads files)."""
+        if self.node_addons is None:
+            return planned
+        return [
+            dataclasses.replace(a, node=dataclasses.replace(a.node, addons=self.node_addons(a.node)))
+            if isinstance(a, actions.CreateNode)
+            else a
+            for a in planned
+        ]
 
     def _recovery(
         self,

@@ -47,7 +47,8 @@ def plan(
     settings: PlanSettings = DEFAULT_SETTINGS,
     recovery: Recovery = NO_RECOVERY,
 ) -> list[actions.Action]:
-    """Return the actions that move ``observed`` toward ``desired``: clean-ups and deletes, drains, then creates."""
+    """Return the actions that move ``observed`` toward ``desired``: clean-ups and deletes, drains, creates, then
+    the sidecars of live nodes that do not run."""
     cleanups: list[actions.Action] = [
         actions.DeleteNode(name, "CleanedUpStrayProcesses", f"processes of unknown node {name} stopped")
         for name in sorted(observed.stray_nodes)
@@ -101,7 +102,27 @@ def plan(
             continue
         reason = "ReplacedNode" if name in gone else "CreatedHead" if wanted.is_head else "CreatedWorker"
         creates.append(actions.CreateNode(wanted, reason, _describe(wanted)))
-    return cleanups + deletes + drains + creates
+    return cleanups + deletes + drains + creates + _sidecars(observed, desired_nodes, gone)
+
+
+def _sidecars(
+    observed: state.ObservedCluster, desired_nodes: dict[str, spec_mod.NodeSpec], gone: set[str]
+) -> list[actions.Action]:
+    """Start the sidecars of live nodes that do not run, as a kubelet restarts a pod's containers: beside the
+    node's start (an IDE takes as long to listen as a raylet to join), and again whenever one exits."""
+    starts: list[actions.Action] = []
+    for name, node in observed.nodes.items():
+        if name not in desired_nodes or name in gone:
+            continue
+        if node.phase not in (state.NodePhase.STARTING, state.NodePhase.RUNNING):
+            continue
+        for sidecar, found in sorted(node.sidecars.items()):
+            if found is state.SidecarState.NOT_STARTED:
+                starts.append(actions.StartSidecar(name, sidecar, "StartedSidecar", f"{sidecar} of node {name}"))
+            elif found is state.SidecarState.EXITED:
+                message = f"{sidecar} of node {name} exited; started again"
+                starts.append(actions.StartSidecar(name, sidecar, "RestartedSidecar", message))
+    return starts
 
 
 def _recover(

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 import raypod
 from raypod import backends, config
 from raypod.backends import base
+from raypod.controlplane import addons as node_addons
 from raypod.controlplane import governance, hangs, identity, jobs, loop, plan, service, serving, spaces, store
 from raypod.server import console, gateway, limits, origins
 from raypod.server import errors as server_errors
@@ -57,6 +58,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
                 drain_timeout_s=settings.drain_timeout_s, node_start_timeout_s=settings.node_start_timeout_s
             ),
             gcs_unreachable_timeout_s=settings.gcs_unreachable_timeout_s,
+            node_addons=node_addons.NodeAddonMaker(settings.home),
         )
         governor.wake = reconciler.wake
         ca_file = (settings.tls_ca or settings.tls_cert) if settings.tls else None

@@ -634,7 +634,7 @@ async def _resolve_space(
             raise errors.NotFound(f"workspace '{name}' not found in namespace '{namespace}'")
         ide = view.status.endpoints.get(f"space/{name}") if space.running and not view.deleting else None
         message = "stopped" if not space.running else f"its IDE is not running yet ({view.status.message})"
-        token = clusters.backend.space_token(view.uid, space.node_name())
+        token = clusters.backend.sidecar_token(view.uid, space.node_name(), spec_mod.IDE_SIDECAR)
         return SpaceRoute(ide, message, token, space.owner, clusters.identities.namespace_team(namespace))
 
     route = await run_in_threadpool(lookup)

@@ -231,10 +231,14 @@ class KubeRayBackend:
     def drain_node(self, cluster_id: str, name: str, ray_node_id: str, deadline: float, reason: str) -> None:
         raise errors.PermanentError("draining is KubeRay's on Kubernetes (its autoscaler drains before scale-down)")
 
-    def notify_preemption(self, cluster_id: str, deadline: float, reason: str) -> None:
+    def put_cluster_kv(self, cluster_id: str, namespace: bytes, key: bytes, value: bytes) -> None:
         raise errors.PermanentError(
-            "preemption notices do not reach pods yet: on Kubernetes the run has only the pods' termination grace"
+            "raypod does not reach a RayCluster's GCS yet: on Kubernetes a preempted run has only the pods' "
+            "termination grace"
         )
+
+    def start_sidecar(self, cluster_id: str, node: str, sidecar: str) -> None:
+        raise errors.PermanentError("sidecars are containers of the pod template on Kubernetes; none is observed")
 
     def delete_node(self, cluster_id: str, name: str, *, quarantine_s: float = 0.0) -> None:
         """Delete the node's pod, so KubeRay starts a fresh one; while a group scales down KubeRay picks the pods
@@ -278,11 +282,11 @@ class KubeRayBackend:
     def run_on_node(self, cluster_id: str, name: str, command: str, timeout_s: float) -> CommandResult:
         raise errors.PermanentError("commands on nodes (health checks) are not available on Kubernetes yet")
 
-    def hangwatch_dirs(self, cluster_id: str) -> dict[str, Path]:
-        return {}  # no hangwatch agent runs in KubeRay's pods yet (docs/kubernetes.md)
+    def addon_dirs(self, cluster_id: str) -> dict[str, Path]:
+        return {}  # node add-ons are not rendered into KubeRay's pods yet (docs/kubernetes.md)
 
-    def space_token(self, cluster_id: str, node: str) -> str:
-        raise errors.NotFound("workspaces are not available on Kubernetes yet")
+    def sidecar_token(self, cluster_id: str, node: str, sidecar: str) -> str:
+        raise errors.NotFound("node sidecars (workspaces' IDEs) are not available on Kubernetes yet")
 
     def hidden_from_nodes(self, cluster_id: str, path: str) -> str | None:
         return "the cluster's pods do not see raypod's filesystem: put the model in object storage (s3://...)"

@@ -13,7 +13,8 @@ import stat
 import sys
 from pathlib import Path
 
-from raypod import untrusted_files
+from raypod import addons as addons_mod
+from raypod import spec as spec_mod
 from raypod.spec import SpaceKind
 
 # The IDE's own token reaches it in the environment, never on its command line (which every user of the host
@@ -103,18 +104,51 @@ def _metadata_version(path: Path, name: str) -> str | None:
     return fields.get("Version", "").strip() or None
 
 
-def write_env_kernel(root: Path, python_env: str) -> None:
-    """The environment's kernel, in the workspace's own Jupyter data directory (its $HOME is ``root``)."""
+def env_kernel(python_env: str) -> bytes:
+    """The kernel spec of a workspace's own Python environment."""
     spec = {
         "argv": [str(Path(python_env) / "bin" / "python"), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": f"Python ({Path(python_env).name})",
         "language": "python",
         "metadata": {"raypod": {"python_env": python_env}},
     }
-    # The files are the workspace's (its kernels write there): written without following a link they planted.
-    untrusted_files.write_bytes(
-        _real(root), f".local/share/jupyter/kernels/{ENV_KERNEL}/kernel.json", json.dumps(spec, indent=1).encode()
+    return json.dumps(spec, indent=1).encode()
+
+
+def addons(
+    space: spec_mod.SpaceSpec, base_path: str, files: Path, server: str | None, ca: bytes | None
+) -> addons_mod.NodeAddons:
+    """What a workspace adds to its node: its files, its IDE as a sidecar (published as ``space/<name>`` once it
+    answers) and, in the node's add-on directory, raypod's CA and the kernel of its own Python environment."""
+    kind = space.kind
+    extra: list[tuple[str, bytes]] = []
+    env = [
+        (TOKEN_VARIABLE[kind], "{token}"),
+        ("HOME", str(files)),  # settings and kernels' files persist with the workspace
+        ("RAY_ADDRESS", "{gcs}"),
+        ("JUPYTER_RUNTIME_DIR", str(files / ".local" / "share" / "jupyter" / "runtime")),
+    ]
+    if space.python_env:
+        extra.append((f"ide/jupyter/kernels/{ENV_KERNEL}/kernel.json", env_kernel(space.python_env)))
+        env.append(("JUPYTER_PATH", "{addon_dir}/ide/jupyter"))
+    if server:
+        env.append(("RAYPOD_SERVER", server))  # raypod.Client(token=...) in a notebook needs nothing else
+    if ca is not None:
+        extra.append(("ide/ca.crt", ca))
+        env.append(("RAYPOD_CA_FILE", "{addon_dir}/ide/ca.crt"))
+    if kind is SpaceKind.JUPYTERLAB:
+        probe = addons_mod.Probe(f"{base_path}api/status", (("Authorization", "token {token}"),))
+    else:
+        probe = addons_mod.Probe("/healthz")
+    ide = addons_mod.Sidecar(
+        spec_mod.IDE_SIDECAR,
+        tuple(command(kind, base_path, files, space.python_env)),
+        env=tuple(env),
+        cwd=str(files),
+        ready=probe,
+        endpoint=f"space/{space.name}",
     )
+    return addons_mod.NodeAddons(files=tuple(extra), binds=(str(files),), sidecars=(ide,))
 
 
 def files_dir(home: Path, namespace: str, name: str, owner: str | None) -> Path:
@@ -132,9 +166,9 @@ def files_dir(home: Path, namespace: str, name: str, owner: str | None) -> Path:
     return current
 
 
-def command(kind: SpaceKind, port: int, base_path: str, root: Path, python_env: str | None = None) -> list[str]:
-    """The IDE server on loopback at ``port``, serving under ``base_path`` (the gateway forwards the full path);
-    with ``python_env``, its kernels run there by default."""
+def command(kind: SpaceKind, base_path: str, root: Path, python_env: str | None = None) -> list[str]:
+    """The IDE server on loopback at the sidecar's ``{port}``, serving under ``base_path`` (the gateway forwards the
+    full path); with ``python_env``, its kernels run there by default."""
     if kind is SpaceKind.JUPYTERLAB:
         return [
             sys.executable,
@@ -143,7 +177,7 @@ def command(kind: SpaceKind, port: int, base_path: str, root: Path, python_env: 
             "--no-browser",
             "--allow-root",
             "--ip=127.0.0.1",
-            f"--port={port}",
+            "--port={port}",
             "--port-retries=0",
             f"--ServerApp.base_url={base_path}",
             f"--ServerApp.root_dir={root}",
@@ -157,47 +191,9 @@ def command(kind: SpaceKind, port: int, base_path: str, root: Path, python_env: 
         ]
     return [
         str(shutil.which("code-server") or "code-server"),
-        f"--bind-addr=127.0.0.1:{port}",
+        "--bind-addr=127.0.0.1:{port}",
         "--auth=password",
         "--disable-telemetry",
         "--disable-update-check",
         str(root),
     ]
-
-
-def environment(
-    base: dict[str, str],
-    kind: SpaceKind,
-    token: str,
-    root: Path,
-    gcs_address: str,
-    server: str | None = None,
-    ca_file: Path | None = None,
-) -> dict[str, str]:
-    """The node's environment, with the IDE's token, its home in the workspace's files (so settings and
-    kernels' files persist), the cluster's address for ``ray.init(address="auto")``, and where raypod is, so
-    ``raypod.Client(token=...)`` in a notebook needs nothing else (the user's token is theirs to give)."""
-    env = {**base, TOKEN_VARIABLE[kind]: token, "HOME": str(root), "RAY_ADDRESS": gcs_address}
-    env["JUPYTER_RUNTIME_DIR"] = str(root / ".local" / "share" / "jupyter" / "runtime")
-    if server:
-        env["RAYPOD_SERVER"] = server
-    if ca_file is not None:
-        env["RAYPOD_CA_FILE"] = str(ca_file)
-    return env
-
-
-def copy_ca(ca_file: str | None, root: Path) -> Path | None:
-    """raypod's CA certificate (public) into the workspace's files, where its node can read it."""
-    if not ca_file or not Path(ca_file).is_file():
-        return None
-    try:
-        untrusted_files.write_bytes(_real(root), ".raypod/ca.crt", Path(ca_file).read_bytes(), mode=0o644)
-    except OSError:
-        return None  # a link or a file the workspace put in the way: the SDK then trusts the system's CAs
-    return root / ".raypod" / "ca.crt"
-
-
-def _real(root: Path) -> Path:
-    """A workspace's files folder with raypod's home resolved: the folder itself is raypod's (a link inside it
-    is not followed)."""
-    return Path(os.path.realpath(root.parent)) / root.name
