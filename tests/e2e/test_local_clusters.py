@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO
 
 import psutil
@@ -248,7 +249,7 @@ def test_a_second_cluster_coexists_and_deleting_clusters_leaves_nothing_behind(
     assert not {"e2e", "other"} & {view.spec.name for view in api.clusters.list()}
 
 
-def test_up_and_down_run_the_daemon_with_a_default_cluster(tmp_path: object) -> None:
+def test_up_and_down_run_the_daemon_with_a_default_cluster(tmp_path: Path) -> None:
     from raypod.testing import free_port
 
     port = free_port()
@@ -271,9 +272,15 @@ def test_up_and_down_run_the_daemon_with_a_default_cluster(tmp_path: object) -> 
                 view = client.clusters.get("local")
         assert view.status.phase is state.ClusterPhase.READY
     finally:
+        stopping = time.monotonic()
         down = subprocess.run(
             [sys.executable, "-m", "raypod", "down"], env=env, capture_output=True, text=True, timeout=240, check=False
         )
+        took = time.monotonic() - stopping
     assert down.returncode == 0, down.stderr[-2000:]
     assert "server stopped" in down.stdout
+    # The server stopped on its own, its loops shut down cleanly, not killed after daemon.stop's 30 s (an open
+    # connection of down's own client held it: 36 s before).
+    assert "Application shutdown complete" in (tmp_path / "server.log").read_text()
+    assert took < 20, f"raypod down took {took:.0f} s"
     assert cluster_processes(view.uid) == []

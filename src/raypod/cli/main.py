@@ -50,6 +50,8 @@ app.add_typer(identities.user_app, name="user")
 app.add_typer(identities.team_app, name="team")
 app.add_typer(identities.namespace_app, name="namespace")
 
+SHUTDOWN_GRACE_S = 5  # seconds a stopping server gives open connections
+
 
 @app.callback()
 def _root(
@@ -95,6 +97,9 @@ def server(
         # late pong; a connection ends when either side closes it.
         ws_ping_interval=settings.ws_ping_interval_s,
         ws_ping_timeout=None,
+        # A client that keeps a connection open (an SDK in a notebook, a followed log) cannot hold a stop for
+        # long: connections get this many seconds, then the loops stop cleanly (daemon.stop kills at 30 s).
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )
 
 
@@ -165,13 +170,14 @@ def down(
     if not keep_monitoring:
         output.console.print(monitoring.stop_prometheus())
     if not keep_clusters and daemon.is_healthy(url, connection_settings(url).verify):
-        api = Client(url)
-        views = api.clusters.list()
-        for view in views:
-            api.clusters.delete(view.spec.name, view.spec.namespace)
-        for view in views:
-            api.clusters.wait_deleted(view.spec.name, view.spec.namespace, timeout=timeout)
-            output.console.print(f"cluster {view.spec.namespace}/{view.spec.name} deleted")
+        # Closed before the server is told to stop: an open connection holds its graceful shutdown.
+        with Client(url) as api:
+            views = api.clusters.list()
+            for view in views:
+                api.clusters.delete(view.spec.name, view.spec.namespace)
+            for view in views:
+                api.clusters.wait_deleted(view.spec.name, view.spec.namespace, timeout=timeout)
+                output.console.print(f"cluster {view.spec.namespace}/{view.spec.name} deleted")
     stopped = daemon.stop(home)
     output.console.print("raypod server stopped" if stopped else "no raypod server was running")
 

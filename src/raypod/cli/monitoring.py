@@ -64,7 +64,8 @@ def stop_prometheus() -> str:
     if stopped is None:
         return "Prometheus was not running"
     try:
-        cluster.client().tokens.revoke(stopped.token_id)
+        with cluster.client() as api:
+            api.tokens.revoke(stopped.token_id)
     except errors.RaypodError as exc:
         return f"Prometheus stopped; its token was not revoked: {exc.message}"
     return f"Prometheus stopped (pid {stopped.pid}); its token is revoked"

@@ -26,6 +26,7 @@ class Transport:
     ) -> None:
         self.server = server.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._owns_http = http is None  # a client handed in is its giver's to close
         self._http = http or httpx.Client(base_url=self.server, timeout=timeout, verify=tls_verify(verify))
         self._http.headers.update(headers)
 
@@ -64,4 +65,5 @@ class Transport:
         return response
 
     def close(self) -> None:
-        self._http.close()
+        if self._owns_http:
+            self._http.close()
