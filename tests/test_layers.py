@@ -1,5 +1,5 @@
-"""The direction of imports (docs/architecture.md): backends know no capability and nothing above them, and the
-code that runs inside every Ray training process stays light."""
+"""The shape of the package (docs/architecture.md): backends know no capability and nothing above them, the
+code that runs inside every Ray training process stays light, and no module grows past what one reads at once."""
 
 from __future__ import annotations
 
@@ -39,3 +39,27 @@ def test_the_checkpoint_library_loads_no_server_code_into_training_processes() -
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
+
+
+def test_only_the_store_speaks_sql() -> None:
+    """Tables and queries live under controlplane/store/ (one module per noun): services speak in views."""
+    offenders = sorted(
+        str(path.relative_to(SRC))
+        for path in SRC.rglob("*.py")
+        if any(m == "sqlalchemy" or m.startswith("sqlalchemy.") for m in imported_modules(path))
+        and not str(path.relative_to(SRC)).startswith(("controlplane/store/", "controlplane/migrations/"))
+    )
+    assert offenders == []
+
+
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_is_over_600_lines() -> None:
+    """A module a newcomer can read in one sitting: past 600 lines, split it by concern (issue 30)."""
+    over = {
+        str(path.relative_to(SRC)): lines
+        for path in SRC.rglob("*.py")
+        if "migrations" not in path.parts and (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert over == {}

@@ -1,4 +1,4 @@
-"""The Python start-up of a local node's processes (``backends/node_python/sitecustomize.py``): ``import ray``
+"""The Python start-up of a local node's processes (``backends/local/node_python/sitecustomize.py``): ``import ray``
 no longer pays for compiling rfc3987_syntax's grammars, jsonschema still checks ``iri`` with it (loaded on first
 use), and a sitecustomize it shadows still runs. Real interpreters, the node's PYTHONPATH."""
 

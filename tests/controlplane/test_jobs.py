@@ -83,7 +83,7 @@ def test_a_copy_read_before_the_job_ended_cannot_undo_its_end(tmp_path: object) 
     from pathlib import Path
 
     from raypod.controlplane import store
-    from raypod.controlplane.jobs.records import JobRecords
+    from raypod.controlplane.store.jobs import JobRecords
 
     db = store.Store(f"sqlite:///{Path(str(tmp_path)) / 'raypod.db'}")
     records = JobRecords(db.engine)

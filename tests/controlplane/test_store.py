@@ -43,11 +43,11 @@ def test_clusters_round_trip_and_duplicates_are_refused(tmp_path: Path) -> None:
 
 
 def test_the_migrations_build_exactly_the_schema_module(tmp_path: Path) -> None:
-    """Tables are defined once (controlplane/schema.py); the migrations must not drift from them."""
+    """Tables are defined once (controlplane/store/schema.py); the migrations must not drift from them."""
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
-    from raypod.controlplane import schema
+    from raypod.controlplane.store import schema
 
     db = store.Store(f"sqlite:///{tmp_path / 'raypod.db'}")
     with db.engine.connect() as connection:

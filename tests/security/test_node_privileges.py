@@ -14,6 +14,8 @@ import pytest
 
 from raypod import spec as spec_mod
 from raypod.backends import local, privileged
+from raypod.backends.local import launch as node_launch
+from raypod.backends.local import records
 
 HELPERS = ("unshare", "nsenter", "setpriv", "mount", "python3", "sh")
 
@@ -30,7 +32,7 @@ def fake_helpers(folder: Path, marker: Path) -> Path:
 
 
 def sandbox_root() -> bool:
-    return os.geteuid() == 0 and local._sandbox_available()[0]
+    return os.geteuid() == 0 and node_launch.sandbox_available()[0]
 
 
 @pytest.mark.skipif(not sandbox_root(), reason="the sandbox needs root and util-linux (apt-get install util-linux)")
@@ -42,7 +44,7 @@ def test_a_specs_path_never_reaches_the_root_helpers_that_build_the_sandbox(tmp_
     home = tmp_path / "home"
     home.mkdir()
     temp_root = os.path.realpath(tempfile.gettempdir())
-    keep = local._installation_dirs_under(temp_root)
+    keep = node_launch.installation_dirs_under(temp_root)
     setup = [str(cluster_dir), temp_root, str(home), str(len(keep)), *keep, "0"]
     spec_env = {"PATH": f"{evil}:/usr/bin:/bin", "LD_PRELOAD": str(evil / "evil.so"), "SPEC_VALUE": "from-spec"}
     out = cluster_dir / "out"
@@ -109,12 +111,12 @@ def test_a_node_inherits_none_of_the_servers_secrets(tmp_path: Path, monkeypatch
             name="head", group="head", is_head=True, cpus=1, memory=2**30, object_store_memory=2**27,
             env={"AWS_SECRET_ACCESS_KEY": "the-clusters-own"},
         )  # fmt: skip
-        record = local._NodeRecord("head", "head", True, "i" * 12, 0.0, 1, 2, 3, 4, 5, 6)
-        env = backend._environment("c" * 16, node, record)
+        record = records.NodeRecord("head", "head", True, "i" * 12, 0.0, 1, 2, 3, 4, 5, 6)
+        env = backend.launcher.environment("c" * 16, node, record)
         others = spec_mod.NodeSpec(
             name="w", group="w", is_head=False, cpus=1, memory=2**30, object_store_memory=2**27
         )  # fmt: skip
-        without = backend._environment("c" * 16, others, record)
+        without = backend.launcher.environment("c" * 16, others, record)
     finally:
         backend.close()
     assert env["AWS_SECRET_ACCESS_KEY"] == "the-clusters-own", "a cluster's own env is its to set"

@@ -20,17 +20,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-import sqlalchemy as sa
 
 from raypod import errors, outbound, state, untrusted_files
 from raypod import spec as spec_mod
 from raypod.capabilities.hangwatch import addons as hangwatch_addons
 from raypod.capabilities.hangwatch import detector
 from raypod.capabilities.observability import metrics
-from raypod.controlplane import schema, store
-from raypod.controlplane.jobs.records import TERMINAL_STATUSES
+from raypod.controlplane import store
 from raypod.controlplane.jobs.service import JobService
 from raypod.controlplane.periodic import Periodic
+from raypod.controlplane.store.hangs import HangStore
+from raypod.controlplane.store.jobs import TERMINAL_STATUSES
 from raypod.outbound import Policy
 
 log = logging.getLogger(__name__)
@@ -39,48 +39,6 @@ WEBHOOK_TIMEOUT_S = 5.0
 STALE_POLLS = 3
 STALE_SLACK_S = 2.0
 COLLECT_PHASES = frozenset({state.ClusterPhase.READY, state.ClusterPhase.DEGRADED, state.ClusterPhase.UNKNOWN})
-
-
-class HangRecords:
-    def __init__(self, engine: sa.Engine) -> None:
-        self.engine = engine
-
-    def merge(self, uid: str, found: state.HangDetection) -> tuple[state.HangDetection, bool]:
-        """Store ``found`` or merge it into the record of the same run attempt; return it and whether it is new."""
-        table = schema.hang_detections
-        with self.engine.begin() as connection:
-            row = connection.execute(sa.select(table.c.detection).where(table.c.id == found.id)).first()
-            if row is None:
-                connection.execute(
-                    table.insert().values(
-                        id=found.id,
-                        cluster_uid=uid,
-                        namespace=found.namespace,
-                        cluster=found.cluster,
-                        job=found.job,
-                        detected_at=found.detected_at,
-                        detection=found.model_dump_json(),
-                    )
-                )
-                return found, True
-            merged = merge(state.HangDetection.model_validate_json(row[0]), found)
-            connection.execute(
-                table.update()
-                .where(table.c.id == found.id)
-                .values(job=merged.job, detected_at=merged.detected_at, detection=merged.model_dump_json())
-            )
-            return merged, False
-
-    def list(
-        self, namespace: str, cluster: str, job: str | None = None, limit: int = 100
-    ) -> builtins.list[state.HangDetection]:
-        table = schema.hang_detections
-        query = sa.select(table.c.detection).where(table.c.namespace == namespace, table.c.cluster == cluster)
-        if job is not None:
-            query = query.where(table.c.job == job)
-        query = query.order_by(table.c.detected_at.desc()).limit(limit)
-        with self.engine.connect() as connection:
-            return [state.HangDetection.model_validate_json(r[0]) for r in connection.execute(query)]
 
 
 def merge(existing: state.HangDetection, found: state.HangDetection) -> state.HangDetection:
@@ -172,7 +130,7 @@ class HangCollector(Periodic):
         self.store = db
         self.jobs = jobs
         self.backend = jobs.clusters.backend
-        self.records = HangRecords(db.engine)
+        self.records = HangStore(db.engine)
         self.progress: dict[str, list[state.RunProgress]] = {}
         self._seen: dict[Path, float] = {}  # detection file -> its mtime when merged
         self._requested: dict[str, str] = {}  # hang requests handed to agents: id -> the action decided
@@ -325,7 +283,7 @@ class HangCollector(Periodic):
         except (KeyError, ValueError, TypeError) as exc:
             log.warning("ignoring an unreadable hang detection %s: %s", name[:80], exc)
             return
-        merged, is_new = self.records.merge(view.uid, found)
+        merged, is_new = self.records.merge(view.uid, found, merge)
         if is_new:  # the first node's file of a run attempt; the others only add their ranks
             self._report(view, merged)
             if merged.action == "fail-job" and job is not None:

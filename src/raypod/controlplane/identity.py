@@ -17,12 +17,10 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
 
-import sqlalchemy as sa
-
 from raypod import config, errors, state
 from raypod import spec as spec_mod
 from raypod.controlplane import store
-from raypod.controlplane.schema import memberships, namespaces, sessions, teams, tokens, users
+from raypod.controlplane.store.identities import IdentityStore
 
 BOOTSTRAP_USER = "admin"
 DEFAULT_TEAM = "default"
@@ -142,7 +140,7 @@ class TokenCache:
 
 class IdentityService:
     def __init__(self, db: store.Store) -> None:
-        self.engine = db.engine
+        self.records = IdentityStore(db.engine)
         self.cache = TokenCache()
 
     # -- bootstrap -----------------------------------------------------------------------------------------
@@ -150,9 +148,8 @@ class IdentityService:
     def bootstrap(self, credentials_path: Path, server_url: str, ca_file: Path | None) -> bool:
         """On first start: an admin user, the default team and namespace, and an admin token written to
         ``credentials_path`` with mode 0600. Returns whether it did anything."""
-        with self.engine.connect() as connection:
-            if connection.execute(sa.select(sa.func.count()).select_from(users)).scalar():
-                return False
+        if self.records.any_user():
+            return False
         self.create_user(BOOTSTRAP_USER, is_admin=True)
         self.create_team(DEFAULT_TEAM)
         self.add_member(DEFAULT_TEAM, BOOTSTRAP_USER, state.Role.ADMIN)
@@ -165,82 +162,53 @@ class IdentityService:
 
     def create_user(self, name: str, is_admin: bool = False) -> state.UserInfo:
         _check_name(name, "user name")
-        self._insert(users, {"name": name, "is_admin": is_admin, "created_at": store.now()}, f"user '{name}'")
+        self.records.insert_user(name, is_admin)
         return self.user(name)
 
     def user(self, name: str) -> state.UserInfo:
-        with self.engine.connect() as connection:
-            row = connection.execute(users.select().where(users.c.name == name)).first()
-            if row is None:
-                raise errors.NotFound(f"user '{name}' not found")
-            roles = {
-                m.team: state.Role(m.role)
-                for m in connection.execute(memberships.select().where(memberships.c.user == name))
-            }
-        return state.UserInfo(name=row.name, is_admin=row.is_admin, teams=roles)
+        found = self.records.user(name)
+        if found is None:
+            raise errors.NotFound(f"user '{name}' not found")
+        return found
 
     def delete_user(self, name: str) -> None:
         """Remove a user: its tokens are revoked, its sessions end and its memberships go, at once (the cache
         included). What it created stays: the caller decides about that. Raises NotFound, Conflict (the last
         admin)."""
         info = self.user(name)
-        with self.engine.begin() as connection:
-            if info.is_admin:
-                admins = connection.execute(sa.select(sa.func.count()).select_from(users).where(users.c.is_admin))
-                if admins.scalar() == 1:
-                    raise errors.Conflict(f"user '{name}' is the last admin; make another admin first")
-            connection.execute(
-                tokens.update()
-                .where(tokens.c.user == name, tokens.c.revoked_at.is_(None))
-                .values(revoked_at=store.now())
-            )
-            connection.execute(sessions.delete().where(sessions.c.user == name))
-            connection.execute(memberships.delete().where(memberships.c.user == name))
-            connection.execute(users.delete().where(users.c.name == name))
+        self.records.delete_user(name, is_admin=info.is_admin)
         self.cache.clear()
 
     def list_users(self) -> builtins.list[state.UserInfo]:
-        with self.engine.connect() as connection:
-            names = connection.execute(sa.select(users.c.name).order_by(users.c.name)).scalars().all()
-        return [self.user(name) for name in names]
+        return [self.user(name) for name in self.records.user_names()]
 
     def create_team(self, name: str) -> None:
         _check_name(name, "team name")
-        self._insert(teams, {"name": name, "created_at": store.now()}, f"team '{name}'")
+        self.records.insert_team(name)
 
     def list_teams(self) -> builtins.list[str]:
-        with self.engine.connect() as connection:
-            return list(connection.execute(sa.select(teams.c.name).order_by(teams.c.name)).scalars().all())
+        return self.records.team_names()
 
     def team_exists(self, team: str) -> bool:
-        with self.engine.connect() as connection:
-            return connection.execute(sa.select(teams.c.name).where(teams.c.name == team)).first() is not None
+        return self.records.team_exists(team)
 
     def add_member(self, team: str, user: str, role: state.Role) -> None:
         self.user(user)
-        self._require(teams, teams.c.name == team, f"team '{team}' not found")
-        with self.engine.begin() as connection:
-            connection.execute(memberships.delete().where(memberships.c.team == team, memberships.c.user == user))
-            connection.execute(memberships.insert().values(team=team, user=user, role=role.value))
+        self._require_team(team)
+        self.records.set_membership(team, user, role)
         self.cache.clear()
 
     def create_namespace(self, name: str, team: str) -> state.NamespaceInfo:
         _check_name(name, "namespace")
-        self._require(teams, teams.c.name == team, f"team '{team}' not found")
-        self._insert(namespaces, {"name": name, "team": team}, f"namespace '{name}'")
+        self._require_team(team)
+        self.records.insert_namespace(name, team)
         return state.NamespaceInfo(name=name, team=team)
 
     def namespace_team(self, name: str) -> str | None:
-        with self.engine.connect() as connection:
-            team: str | None = connection.execute(
-                sa.select(namespaces.c.team).where(namespaces.c.name == name)
-            ).scalar()
-        return team
+        return self.records.namespace_team(name)
 
     def list_namespaces(self) -> builtins.list[state.NamespaceInfo]:
-        with self.engine.connect() as connection:
-            rows = connection.execute(namespaces.select().order_by(namespaces.c.name)).all()
-        return [state.NamespaceInfo(name=row.name, team=row.team) for row in rows]
+        return self.records.namespaces()
 
     # -- tokens --------------------------------------------------------------------------------------------
 
@@ -288,41 +256,24 @@ class IdentityService:
             "revoked_at": None,
             "parent_id": parent,
         }
-        with self.engine.begin() as connection:
-            connection.execute(tokens.insert().values(**row))
+        self.records.insert_token(row)
         info = {k: v for k, v in row.items() if k not in ("secret_hash", "parent_id")} | {"parent": parent}
         return state.CreatedToken(**info, token=f"{TOKEN_PREFIX}_{token_id}_{secret}")
 
     def list_tokens(self, user: str | None = None) -> builtins.list[state.TokenInfo]:
-        query = tokens.select().order_by(tokens.c.created_at)
-        if user is not None:
-            query = query.where(tokens.c.user == user)
-        with self.engine.connect() as connection:
-            return [_token_info(row) for row in connection.execute(query)]
+        return self.records.tokens(user)
 
     def token(self, token_id: str) -> state.TokenInfo:
-        with self.engine.connect() as connection:
-            row = connection.execute(tokens.select().where(tokens.c.id == token_id[:16])).first()
-        if row is None:
+        found = self.records.token(token_id)
+        if found is None:
             raise errors.NotFound(f"token '{token_id[:16]}' not found")
-        return _token_info(row)
+        return found
 
     def revoke_token(self, token_id: str) -> state.TokenInfo:
         """Revoke a token, every token made with it (and with those, down the line), and end every browser
         session made from any of them, at once (the cache included)."""
         found = self.token(token_id)
-        with self.engine.begin() as connection:
-            lineage, frontier = {found.id}, {found.id}
-            while frontier:
-                children = connection.execute(sa.select(tokens.c.id).where(tokens.c.parent_id.in_(frontier)))
-                frontier = set(children.scalars()) - lineage
-                lineage |= frontier
-            connection.execute(
-                tokens.update()
-                .where(tokens.c.id.in_(lineage), tokens.c.revoked_at.is_(None))
-                .values(revoked_at=store.now())
-            )
-            connection.execute(sessions.delete().where(sessions.c.token_id.in_(lineage)))
+        self.records.revoke_lineage(found.id)
         self.cache.clear()
         return self.token(found.id)
 
@@ -340,17 +291,16 @@ class IdentityService:
         if cached is not None:
             return cached
         token_id, secret = parse_token(presented)
-        with self.engine.connect() as connection:
-            row = connection.execute(tokens.select().where(tokens.c.id == token_id)).first()
-        if row is None or not hmac.compare_digest(row.secret_hash, _hash(secret)):
+        found = self.records.token_secret(token_id)
+        if found is None or not hmac.compare_digest(found[1], _hash(secret)):
             raise errors.Unauthenticated("unknown token")
-        if row.revoked_at is not None:
+        info = found[0]
+        if info.revoked_at is not None:
             raise errors.Unauthenticated("token was revoked")
-        expires_at = store.aware(row.expires_at) if row.expires_at is not None else None
-        if expires_at is not None and expires_at <= store.now():
+        if info.expires_at is not None and info.expires_at <= store.now():
             raise errors.Unauthenticated("token expired; create a new one with 'raypod token create'")
-        principal = replace(self.principal(row.user), token_id=token_id, token_expires_at=expires_at)
-        self.cache.put(presented, principal, expires_at.timestamp() if expires_at else None)
+        principal = replace(self.principal(info.user), token_id=token_id, token_expires_at=info.expires_at)
+        self.cache.put(presented, principal, info.expires_at.timestamp() if info.expires_at else None)
         return principal
 
     def principal(self, user: str) -> Principal:
@@ -368,16 +318,7 @@ class IdentityService:
         expires_at = store.now() + SESSION_TTL
         if principal.token_expires_at is not None:
             expires_at = min(expires_at, principal.token_expires_at)
-        with self.engine.begin() as connection:
-            connection.execute(
-                sessions.insert().values(
-                    id_hash=_hash(session_id),
-                    user=principal.user,
-                    csrf=csrf,
-                    expires_at=expires_at,
-                    token_id=principal.token_id,
-                )
-            )
+        self.records.insert_session(_hash(session_id), principal.user, csrf, expires_at, principal.token_id)
         return session_id, csrf
 
     def authenticate_session(self, session_id: str) -> Principal:
@@ -389,62 +330,28 @@ class IdentityService:
 
         Raises:
             Unauthenticated: as ``authenticate_session``."""
-        query = sa.select(sessions, tokens.c.revoked_at, tokens.c.expires_at.label("token_expires_at")).select_from(
-            sessions.outerjoin(tokens, tokens.c.id == sessions.c.token_id)
-        )
-        with self.engine.connect() as connection:
-            row = connection.execute(query.where(sessions.c.id_hash == id_hash[:64])).first()
+        found = self.records.session(id_hash)
         now = store.now()
-        if row is None or row.token_id is None or store.aware(row.expires_at) <= now:
+        if found is None or found.token_id is None or found.expires_at <= now:
             raise errors.Unauthenticated("session expired; log in again")
-        token_expired = row.token_expires_at is not None and store.aware(row.token_expires_at) <= now
-        if row.revoked_at is not None or token_expired:
-            with self.engine.begin() as connection:
-                connection.execute(sessions.delete().where(sessions.c.id_hash == id_hash[:64]))
+        token_expired = found.token_expires_at is not None and found.token_expires_at <= now
+        if found.token_revoked or token_expired:
+            self.records.delete_session(id_hash)
             raise errors.Unauthenticated("the token this session was made from was revoked or expired; log in again")
-        principal = self.principal(row.user)
-        return replace(
-            principal,
-            session_csrf=row.csrf,
-            token_id=row.token_id,
-            token_expires_at=store.aware(row.expires_at),
-        )
+        principal = self.principal(found.user)
+        return replace(principal, session_csrf=found.csrf, token_id=found.token_id, token_expires_at=found.expires_at)
 
     def end_session(self, session_id: str) -> None:
-        with self.engine.begin() as connection:
-            connection.execute(sessions.delete().where(sessions.c.id_hash == _hash(session_id[:128])))
+        self.records.delete_session(_hash(session_id[:128]))
 
-    # -- helpers -------------------------------------------------------------------------------------------
-
-    def _insert(self, table: sa.Table, row: dict[str, object], what: str) -> None:
-        try:
-            with self.engine.begin() as connection:
-                connection.execute(table.insert().values(**row))
-        except sa.exc.IntegrityError:
-            raise errors.AlreadyExists(f"{what} already exists") from None
-
-    def _require(self, table: sa.Table, condition: sa.ColumnElement[bool], message: str) -> None:
-        with self.engine.connect() as connection:
-            if connection.execute(sa.select(sa.func.count()).select_from(table).where(condition)).scalar() == 0:
-                raise errors.NotFound(message)
+    def _require_team(self, team: str) -> None:
+        if not self.records.team_exists(team):
+            raise errors.NotFound(f"team '{team}' not found")
 
 
 def session_hash(session_id: str) -> str:
     """What is stored of a session id (and what names a session beyond its cookie)."""
     return _hash(session_id[:128])
-
-
-def _token_info(row: sa.Row[tuple[object, ...]]) -> state.TokenInfo:
-    m = row._mapping
-    return state.TokenInfo(
-        id=m["id"],
-        user=m["user"],
-        name=m["name"],
-        created_at=store.aware(m["created_at"]),
-        expires_at=store.aware(m["expires_at"]) if m["expires_at"] else None,
-        revoked_at=store.aware(m["revoked_at"]) if m["revoked_at"] else None,
-        parent=m["parent_id"],
-    )
 
 
 def _check_name(value: str, what: str) -> None:

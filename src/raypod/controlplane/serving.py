@@ -14,14 +14,13 @@ import secrets
 from typing import Any
 from urllib.parse import urlsplit
 
-import sqlalchemy as sa
-
 from raypod import errors, outbound, state
 from raypod import spec as spec_mod
 from raypod.backends import base, ray_jobs
 from raypod.backends.kuberay import manifests
-from raypod.controlplane import identity, schema, service, store
+from raypod.controlplane import identity, service, store
 from raypod.controlplane.jobs.supervisor import INTERNAL_JOB
+from raypod.controlplane.store.models import CatalogStore, DeploymentStore
 from raypod.serving import catalog
 from raypod.serving.deploy import encode
 from raypod.serving.settings import DeployRequest, ServeSettings
@@ -36,8 +35,8 @@ SOURCE_SCHEMES = frozenset({"", "file", "memory", "hf", "s3", "s3a", "gs", "gcs"
 
 
 class ModelCatalog:
-    def __init__(self, engine: sa.Engine, outbound_policy: outbound.Policy | None = None) -> None:
-        self.engine = engine
+    def __init__(self, db: store.Store, outbound_policy: outbound.Policy | None = None) -> None:
+        self.records = CatalogStore(db.engine)
         self.outbound = outbound_policy or outbound.Policy()
 
     def add(self, caller: identity.Principal, source: catalog.ModelSource, replace: bool = False) -> catalog.ModelEntry:
@@ -64,19 +63,11 @@ class ModelCatalog:
         except catalog.CatalogError as exc:
             raise errors.InvalidSpec(str(exc)) from None
         entry = entry.model_copy(update={"added_by": caller.user, "added_at": store.now(), "warnings": []})
-        table = schema.models
-        values = {"entry": entry.model_dump_json(), "added_by": caller.user, "added_at": entry.added_at}
-        with self.engine.begin() as connection:
-            if existing is None:
-                connection.execute(table.insert().values(id=entry.id, **values))
-            else:
-                connection.execute(table.update().where(table.c.id == entry.id).values(**values))
+        self.records.save(entry, replacing=existing is not None)
         return entry
 
     def list(self) -> builtins.list[catalog.ModelEntry]:
-        with self.engine.connect() as connection:
-            rows = connection.execute(sa.select(schema.models.c.entry).order_by(schema.models.c.id))
-            return [catalog.ModelEntry.model_validate_json(row[0]) for row in rows]
+        return self.records.list()
 
     def get(self, model_id: str) -> catalog.ModelEntry:
         entry = self._find(model_id)
@@ -90,14 +81,11 @@ class ModelCatalog:
     def remove(self, caller: identity.Principal, model_id: str) -> catalog.ModelEntry:
         entry = self.get(model_id)
         self._check_owner(caller, entry)
-        with self.engine.begin() as connection:
-            connection.execute(schema.models.delete().where(schema.models.c.id == model_id))
+        self.records.delete(model_id)
         return entry
 
     def _find(self, model_id: str) -> catalog.ModelEntry | None:
-        with self.engine.connect() as connection:
-            row = connection.execute(sa.select(schema.models.c.entry).where(schema.models.c.id == model_id)).first()
-        return catalog.ModelEntry.model_validate_json(row[0]) if row else None
+        return self.records.get(model_id)
 
     def _check_source(self, source: catalog.ModelSource) -> None:
         """The outbound policy on where the source lives: an http(s) URL, or an object store's endpoint."""
@@ -124,6 +112,7 @@ class ServingService:
     def __init__(self, clusters: service.ClusterService, models: ModelCatalog) -> None:
         self.clusters = clusters
         self.models = models
+        self.records = DeploymentStore(clusters.store.engine)
 
     def node_visibility_warnings(self, entry: catalog.ModelEntry) -> builtins.list[str]:
         """What would refuse deploying ``entry`` on any cluster: a directory that sandboxed nodes do not see."""
@@ -192,7 +181,6 @@ class ServingService:
             openai_base_url=f"/clusters/{namespace}/{cluster}/serve/{name}/v1",
             deploy_job=submission,
         )
-        table = schema.deployments
         values = {
             "namespace": namespace,
             "cluster": cluster,
@@ -203,12 +191,7 @@ class ServingService:
             "deploy_job": submission,
             "created_at": deployment.created_at,
         }
-        with self.clusters.store.engine.begin() as connection:
-            where = sa.and_(table.c.cluster_uid == view.uid, table.c.name == name)
-            if connection.execute(sa.select(table.c.name).where(where)).first():
-                connection.execute(table.update().where(where).values(**values))
-            else:
-                connection.execute(table.insert().values(cluster_uid=view.uid, name=name, **values))
+        self.records.save(view.uid, name, values)
         return deployment
 
     def list(self, caller: identity.Principal, namespace: str, cluster: str) -> builtins.list[state.DeploymentView]:
@@ -235,9 +218,7 @@ class ServingService:
             runner.delete_rayservice(namespace, deployment.deploy_job.removeprefix(RAYSERVICE))
         else:
             self._submit(self._api(view), DeployRequest(action="delete", name=name))
-        table = schema.deployments
-        with self.clusters.store.engine.begin() as connection:
-            connection.execute(table.delete().where(table.c.cluster_uid == view.uid, table.c.name == name))
+        self.records.delete(view.uid, name)
         return deployment.model_copy(update={"status": "DELETING"})
 
     # -- internals ---------------------------------------------------------------------------------------
@@ -265,12 +246,7 @@ class ServingService:
         return submission
 
     def _records(self, uid: str, name: str | None = None) -> builtins.list[dict[str, Any]]:
-        table = schema.deployments
-        query = sa.select(table).where(table.c.cluster_uid == uid).order_by(table.c.name)
-        if name is not None:
-            query = query.where(table.c.name == name)
-        with self.clusters.store.engine.connect() as connection:
-            return [dict(row._mapping) for row in connection.execute(query)]
+        return self.records.of_cluster(uid, name)
 
     def _serve_status(self, view: state.ClusterView) -> dict[str, Any] | None:
         """Serve's applications, or None when the dashboard cannot say (then every status is UNKNOWN)."""

@@ -70,9 +70,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         app.state.governance = governor
         app.state.gateway_routes = gateway.RouteCache(app.state.clusters)
         app.state.jobs = jobs.JobService(app.state.clusters, settings.home / "packages")
-        app.state.serving = serving.ServingService(
-            app.state.clusters, serving.ModelCatalog(db.engine, settings.outbound)
-        )
+        app.state.serving = serving.ServingService(app.state.clusters, serving.ModelCatalog(db, settings.outbound))
         app.state.spaces = spaces.SpaceService(app.state.clusters, settings.home)
         supervisor = jobs.JobSupervisor(app.state.jobs, interval_s=min(settings.reconcile_interval_s, 1.0))
         supervisor.start()

@@ -8,18 +8,14 @@ KubeRay recreates. It never starts a pod itself: ``create_node`` is KubeRay's jo
 
 from __future__ import annotations
 
-import base64
 import functools
 import hashlib
 import json
 import logging
 import os
-import secrets
 import ssl
 import threading
-import time
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +28,21 @@ from raypod import spec as spec_mod
 from raypod.backends import base, ray_jobs
 from raypod.backends.commands import CommandResult
 from raypod.backends.kuberay import api_errors, manifests
+from raypod.backends.kuberay import pods as pods_mod
 from raypod.backends.kuberay.informer import Informer, Key
+from raypod.backends.kuberay.pods import observed_nodes
+from raypod.backends.kuberay.taints import QUARANTINE_TAINT, NodeQuarantine
+from raypod.backends.kuberay.tokens import UID_LABEL, RayTokens
 
-__all__ = ["Informer", "KubeRayBackend"]
+__all__ = ["QUARANTINE_TAINT", "UID_LABEL", "Informer", "KubeRayBackend", "observed_nodes"]
 
 log = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayclusters"
-UID_LABEL = "raypod.io/cluster-uid"
 SPEC_HASH_ANNOTATION = "raypod.io/spec-hash"
 MANAGED_SELECTOR = "app.kubernetes.io/managed-by=raypod"
 RAY_POD_SELECTOR = "ray.io/is-ray-node=yes"
-DASHBOARD_PORT, GCS_PORT, METRICS_PORT = 8265, 6379, 8080
+DASHBOARD_PORT, GCS_PORT = 8265, 6379
 # Every verb this backend uses, as the Helm chart's (Cluster)Role grants them (a test holds the two together).
 RBAC_RULES = (
     {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list", "watch", "create", "patch", "delete"]},
@@ -61,9 +60,6 @@ CRD_RULE = {
 }
 # Cluster-scoped too: a Kubernetes node where raypod's pods keep failing is tainted for a while (QUARANTINE_TAINT).
 NODE_RULE = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}
-QUARANTINE_TAINT = "raypod.io/quarantined"  # value: the Unix time it is lifted; effect NoSchedule
-TAINT_CHECK_S = 5.0
-BAD_NODE_FAILURES = 2  # replacements of raypod pods on one Kubernetes node, within the quarantine, that taint it
 
 
 class KubeRayBackend:
@@ -96,11 +92,9 @@ class KubeRayBackend:
         self._known: dict[str, Key] = {}  # cluster uid -> (namespace, name)
         self._last: dict[str, state.ObservedCluster] = {}
         self._schema: dict[str, Any] | None = None
-        self._ray_tokens: dict[str, str] = {}  # cluster uid -> its Ray token (from its Secret)
         self._tls: ssl.SSLContext | None = None
-        self._replaced_on: dict[str, list[float]] = {}  # Kubernetes node -> when raypod's pods there were replaced
-        self._taints: dict[str, float] | None = None  # Kubernetes node -> when raypod's taint on it is lifted
-        self._taints_checked = 0.0
+        self.quarantine = NodeQuarantine(self._core, request_timeout_s)
+        self.tokens = RayTokens(self._core, request_timeout_s, self._call)
         self._listener: Callable[[str], None] = lambda cluster_id: None
         self.clusters = Informer(
             PLURAL,
@@ -184,7 +178,7 @@ class KubeRayBackend:
         if deleting:
             if current is not None and not current["metadata"].get("deletionTimestamp"):
                 self._call(f"delete RayCluster {spec.namespace}/{spec.name}", self._delete_raycluster, *where)
-            self._delete_ray_token(cluster_id, where)
+            self.tokens.delete(cluster_id, where)
             return
         desired = rendered(cluster_id, spec, kueue=self.kueue)
         schema = self._installed_schema()
@@ -194,7 +188,7 @@ class KubeRayBackend:
                 f"the installed KubeRay does not serve spec field {unknown[0]} (its CRD lacks it; the API server would "
                 "drop it): upgrade the KubeRay operator, or leave the field out"
             )
-        self._ray_token(cluster_id, where)  # the Secret first: KubeRay's pods cannot start without it
+        self.tokens.get(cluster_id, where)  # the Secret first: KubeRay's pods cannot start without it
         digest = desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
         if current is None or current["metadata"].get("annotations", {}).get(SPEC_HASH_ANNOTATION) != digest:
             self._write(PLURAL, "RayCluster", current, desired)
@@ -203,7 +197,7 @@ class KubeRayBackend:
         self._listener = listener
 
     def observe(self, cluster_id: str) -> state.ObservedCluster:
-        self._lift_expired_taints()
+        self.quarantine.lift_expired()
         with self._lock:
             where = self._known.get(cluster_id)
         if where is None:
@@ -215,7 +209,7 @@ class KubeRayBackend:
         raycluster = self.clusters.get(*where)
         with self._lock:
             pods = list(self._pods_by_cluster.get(where, {}).values())
-        nodes = observed_nodes(pods)
+        nodes = pods_mod.observed_nodes(pods)
         head = next((n for n in nodes.values() if n.is_head), None)
         endpoints: dict[str, str] = {}
         if raycluster is not None and head is not None and head.phase is state.NodePhase.RUNNING:
@@ -246,12 +240,12 @@ class KubeRayBackend:
         with self._lock:
             where = self._known.get(cluster_id)
             pods = list(self._pods_by_cluster.get(where, {}).values()) if where else []
-        pod = pods_by_node(pods).get(name)
+        pod = pods_mod.pods_by_node(pods).get(name)
         if where is None or pod is None or pod["metadata"].get("deletionTimestamp"):
             return
         group = pod["metadata"].get("labels", {}).get("ray.io/group", "")
         raycluster = self.clusters.get(*where)
-        if raycluster is not None and group and not _is_head(pod):
+        if raycluster is not None and group and not pods_mod.is_head(pod):
             wanted = next(
                 (
                     g.get("replicas", 0)
@@ -277,7 +271,7 @@ class KubeRayBackend:
         )
         host = (pod.get("spec") or {}).get("nodeName")
         if quarantine_s > 0 and host:
-            self._count_failure(host, quarantine_s)
+            self.quarantine.count_failure(host, quarantine_s)
 
     def run_on_node(self, cluster_id: str, name: str, command: str, timeout_s: float) -> CommandResult:
         raise errors.PermanentError("commands on nodes (health checks) are not available on Kubernetes yet")
@@ -301,7 +295,7 @@ class KubeRayBackend:
         if where is not None and self.clusters.get(*where) is not None:
             self._call(f"delete RayCluster {where[0]}/{where[1]}", self._delete_raycluster, *where)
         if where is not None:
-            self._delete_ray_token(cluster_id, where)
+            self.tokens.delete(cluster_id, where)
 
     def dashboard_headers(self, cluster_id: str) -> dict[str, str]:
         """The cluster's Ray token in ``X-Ray-Authorization`` (Ray's header for requests through a proxy), and,
@@ -310,7 +304,7 @@ class KubeRayBackend:
 
         Raises TransientError (the token's Secret cannot be read yet), PermanentError."""
         where = self._known.get(cluster_id) or self._find(cluster_id)
-        headers = {"X-Ray-Authorization": f"Bearer {self._ray_token(cluster_id, where)}"} if where else {}
+        headers = {"X-Ray-Authorization": f"Bearer {self.tokens.get(cluster_id, where)}"} if where else {}
         if self._in_cluster:
             return headers
         token = self._api.configuration.api_key.get("authorization") or self._api.configuration.api_key.get(
@@ -509,151 +503,6 @@ class KubeRayBackend:
                 self._schema = {}
         return self._schema or None
 
-    def _ray_token(self, cluster_id: str, where: Key) -> str:
-        """The cluster's Ray token: read from its Secret, which is created with a new token when missing. A Secret
-        of that name that raypod did not make for this cluster is never used."""
-        with self._lock:
-            token = self._ray_tokens.get(cluster_id)
-        if token is not None:
-            return token
-        namespace, name = where[0], manifests.auth_secret_name(where[1])
-        secret = self._read_secret(namespace, name)
-        if secret is None:
-            token = secrets.token_urlsafe(32)
-            body = client.V1Secret(
-                metadata=client.V1ObjectMeta(
-                    name=name,
-                    namespace=namespace,
-                    labels={"app.kubernetes.io/managed-by": "raypod", UID_LABEL: cluster_id},
-                ),
-                type="Opaque",
-                data={"auth_token": base64.b64encode(token.encode()).decode()},
-            )
-            try:
-                self._core.create_namespaced_secret(namespace, body, _request_timeout=self._timeout)
-            except Exception as exc:  # 409 too: made meanwhile, and read next time
-                raise api_errors.to_raypod(exc, f"create Secret {namespace}/{name}") from None
-        else:
-            data = secret.data or {}
-            if not _is_ours(secret, cluster_id) or "auth_token" not in data:
-                raise errors.PermanentError(
-                    f"a Secret {name} in namespace {namespace} exists that raypod did not create for this cluster; "
-                    "delete it or choose another cluster name"
-                )
-            token = base64.b64decode(data["auth_token"]).decode()
-        with self._lock:
-            self._ray_tokens[cluster_id] = token
-        return token
-
-    def _delete_ray_token(self, cluster_id: str, where: Key) -> None:
-        """Delete the cluster's token Secret, if it is the one raypod made for it."""
-        with self._lock:
-            self._ray_tokens.pop(cluster_id, None)
-        namespace, name = where[0], manifests.auth_secret_name(where[1])
-        secret = self._read_secret(namespace, name)
-        if secret is not None and _is_ours(secret, cluster_id):
-            self._call(
-                f"delete Secret {namespace}/{name}",
-                self._core.delete_namespaced_secret,
-                name,
-                namespace,
-                _request_timeout=self._timeout,
-            )
-
-    def _count_failure(self, host: str, quarantine_s: float) -> None:
-        """A replaced pod's Kubernetes node: once raypod's pods there were replaced BAD_NODE_FAILURES times within
-        the quarantine, the node itself is taken to be bad, and tainted so that no new pod lands there until the
-        quarantine ends (KubeRay's replacement goes elsewhere). One failing pod never taints a shared node."""
-        now = time.time()
-        with self._lock:
-            recent = [t for t in self._replaced_on.get(host, []) if now - t < quarantine_s] + [now]
-            self._replaced_on[host] = recent
-        if len(recent) < BAD_NODE_FAILURES or self._known_taints() is None:
-            return
-        until = now + quarantine_s
-        try:
-            node = self._core.read_node(host, _request_timeout=self._timeout)
-            taints = [t for t in _taints_of(node) if t.key != QUARANTINE_TAINT]
-            mine = client.V1Taint(key=QUARANTINE_TAINT, value=str(int(until)), effect="NoSchedule")
-            self._patch_taints(host, node, [*taints, mine])
-        except Exception as exc:  # a taint is a precaution: the pod is replaced either way
-            log.warning("%s", api_errors.explain(exc, f"taint Kubernetes node {host}"))
-            return
-        with self._lock:
-            assert self._taints is not None
-            self._taints[host] = until
-        log.warning(
-            "Kubernetes node %s: %d of raypod's pods there were replaced within %.0f s; tainted %s:NoSchedule until %s",
-            host,
-            len(recent),
-            quarantine_s,
-            QUARANTINE_TAINT,
-            datetime.fromtimestamp(until).isoformat(timespec="seconds"),
-        )
-
-    def _known_taints(self) -> dict[str, float] | None:
-        """raypod's taints by node, read from the nodes once (they outlive a restart of raypod); None where raypod
-        may not read nodes (a Role-only install): then nodes are never tainted."""
-        if self._taints is None:
-            try:
-                nodes = self._core.list_node(_request_timeout=self._timeout).items
-            except Exception as exc:
-                log.warning("%s; bad nodes are not tainted", api_errors.explain(exc, "list Kubernetes nodes"))
-                self._taints_checked = float("inf")
-                return None
-            self._taints = {
-                str(node.metadata.name if node.metadata else ""): float(taint.value or 0)
-                for node in nodes
-                for taint in _taints_of(node)
-                if taint.key == QUARANTINE_TAINT
-            }
-        return self._taints
-
-    def _lift_expired_taints(self) -> None:
-        """At most every few seconds, from the loop's observations: remove raypod's taints whose time is up."""
-        now = time.time()
-        if now - self._taints_checked < TAINT_CHECK_S:
-            return
-        self._taints_checked = now
-        taints = self._known_taints()
-        if taints is None:
-            return
-        with self._lock:
-            due = [host for host, until in taints.items() if until <= now]
-        for host in due:
-            try:
-                node = self._core.read_node(host, _request_timeout=self._timeout)
-                kept = [t for t in _taints_of(node) if t.key != QUARANTINE_TAINT]
-                self._patch_taints(host, node, kept)
-            except ApiException as exc:
-                if exc.status != 404:
-                    log.warning("%s", api_errors.explain(exc, f"lift the taint of Kubernetes node {host}"))
-                    continue
-            except Exception as exc:
-                log.warning("%s", api_errors.explain(exc, f"lift the taint of Kubernetes node {host}"))
-                continue
-            with self._lock:
-                taints.pop(host, None)
-            log.info("Kubernetes node %s: raypod's quarantine ended; taint %s removed", host, QUARANTINE_TAINT)
-
-    def _patch_taints(self, host: str, node: client.V1Node, taints: list[client.V1Taint]) -> None:
-        """The node's whole taint list, conditional on the version read (a 409 leaves it for the next try)."""
-        version = node.metadata.resource_version if node.metadata else None
-        written = [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints]
-        body = {"metadata": {"resourceVersion": version}, "spec": {"taints": written}}
-        self._core.patch_node(host, body, _request_timeout=self._timeout)
-
-    def _read_secret(self, namespace: str, name: str) -> client.V1Secret | None:
-        """None where there is none. Raises TransientError, PermanentError."""
-        try:
-            return self._core.read_namespaced_secret(name, namespace, _request_timeout=self._timeout)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise api_errors.to_raypod(exc, f"read Secret {namespace}/{name}") from None
-        except Exception as exc:
-            raise api_errors.to_raypod(exc, f"read Secret {namespace}/{name}") from None
-
     def _delete_raycluster(self, namespace: str, name: str) -> None:
         self._custom.delete_namespaced_custom_object(
             GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self._timeout
@@ -673,7 +522,7 @@ class KubeRayBackend:
         with self._lock:
             last = self._last.get(cluster_id, state.ObservedCluster())
         nodes = {
-            name: _replace(node, phase=state.NodePhase.UNKNOWN, reason="the Kubernetes API server cannot be watched")
+            name: pods_mod.unknown(node, "the Kubernetes API server cannot be watched")
             for name, node in last.nodes.items()
         }
         return state.ObservedCluster(
@@ -736,15 +585,6 @@ def rendered(cluster_id: str, spec: spec_mod.ClusterSpec, *, kueue: bool = False
     return manifest
 
 
-def _taints_of(node: client.V1Node) -> list[client.V1Taint]:
-    return list((node.spec.taints if node.spec else None) or [])
-
-
-def _is_ours(secret: client.V1Secret, cluster_id: str) -> bool:
-    labels = (secret.metadata.labels if secret.metadata is not None else None) or {}
-    return bool(labels.get(UID_LABEL) == cluster_id)
-
-
 def merge_patch(current: Any, desired: Any) -> Any:
     """The JSON merge patch (RFC 7386) that turns ``current`` into ``desired``: keys ``desired`` lacks are nulled."""
     if not isinstance(current, dict) or not isinstance(desired, dict):
@@ -754,74 +594,3 @@ def merge_patch(current: Any, desired: Any) -> Any:
         if key not in current or current[key] != value:
             patch[key] = merge_patch(current.get(key), value)
     return patch
-
-
-def pods_by_node(pods: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """raypod's node names for KubeRay's pods: ``head``, and ``<group>-<i>`` by age within each group."""
-    named: dict[str, dict[str, Any]] = {}
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for pod in pods:
-        if _is_head(pod):
-            named["head"] = pod
-        else:
-            groups.setdefault(pod["metadata"].get("labels", {}).get("ray.io/group", "workers"), []).append(pod)
-    for group, members in sorted(groups.items()):
-        ordered = sorted(members, key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
-        for index, pod in enumerate(ordered):
-            named[f"{group}-{index}"] = pod
-    return named
-
-
-def observed_nodes(pods: list[dict[str, Any]]) -> dict[str, state.ObservedNode]:
-    return {name: _observe_pod(name, pod) for name, pod in pods_by_node(pods).items()}
-
-
-def _observe_pod(name: str, pod: dict[str, Any]) -> state.ObservedNode:
-    metadata, status = pod["metadata"], pod.get("status") or {}
-    phase, reason = _pod_phase(pod)
-    created = metadata.get("creationTimestamp")
-    ip = status.get("podIP")
-    return state.ObservedNode(
-        name=name,
-        group="head" if _is_head(pod) else metadata.get("labels", {}).get("ray.io/group", ""),
-        is_head=_is_head(pod),
-        phase=phase,
-        started_at=datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() if created else 0.0,
-        reason=reason,
-        incarnation=metadata.get("uid") or metadata["name"],
-        metrics_endpoint=f"{ip}:{METRICS_PORT}" if ip else None,
-    )
-
-
-def _pod_phase(pod: dict[str, Any]) -> tuple[state.NodePhase, str]:
-    status = pod.get("status") or {}
-    if pod["metadata"].get("deletionTimestamp"):
-        return state.NodePhase.DEAD, "its pod is terminating"
-    if status.get("reason") == "NodeLost" or status.get("phase") == "Unknown":
-        return state.NodePhase.UNKNOWN, "its Kubernetes node does not report (NodeLost)"
-    phase = status.get("phase", "Pending")
-    if phase in ("Failed", "Succeeded"):
-        terminated = [
-            c.get("state", {}).get("terminated", {}) for c in status.get("containerStatuses", []) if c.get("state")
-        ]
-        why = next((t.get("reason") for t in terminated if t.get("reason")), status.get("reason") or phase)
-        return state.NodePhase.DEAD, f"its pod {phase.lower()}: {why}"
-    conditions = status.get("conditions", [])
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-    if phase == "Running" and ready:
-        return state.NodePhase.RUNNING, ""
-    unscheduled = next((c for c in conditions if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
-    if unscheduled is not None:  # e.g. "0/3 nodes are available: 3 Insufficient cpu.": what a user must change
-        why = unscheduled.get("message") or unscheduled.get("reason") or "no Kubernetes node can take it"
-        return state.NodePhase.STARTING, f"its pod cannot be scheduled: {why}"
-    return state.NodePhase.STARTING, "its pod is " + ("starting" if phase == "Running" else phase.lower())
-
-
-def _is_head(pod: dict[str, Any]) -> bool:
-    return bool(pod["metadata"].get("labels", {}).get("ray.io/node-type") == "head")
-
-
-def _replace(node: state.ObservedNode, **changes: Any) -> state.ObservedNode:
-    from dataclasses import replace
-
-    return replace(node, **changes)

@@ -18,7 +18,7 @@ from raypod.backends import base, ray_jobs
 from raypod.backends.kuberay import manifests
 from raypod.controlplane import capacity, identity, service, store
 from raypod.controlplane.jobs import packaging
-from raypod.controlplane.jobs.records import TERMINAL_STATUSES, JobRecords
+from raypod.controlplane.store.jobs import TERMINAL_STATUSES, JobRecords
 
 
 class JobService:

@@ -9,7 +9,7 @@ from typing import Any
 
 from raypod import spec as spec_mod
 from raypod import state
-from raypod.controlplane.jobs import records
+from raypod.controlplane.store import jobs as records
 
 TERMINAL_JOB_STATES = records.TERMINAL_STATUSES
 

@@ -22,9 +22,9 @@ from sqlalchemy import event as sa_event
 
 from raypod import errors, state
 from raypod import spec as spec_mod
-from raypod.controlplane.schema import clusters, events, hang_detections, namespace_quotas, node_requests, quotas
+from raypod.controlplane.store.schema import clusters, events, hang_detections, namespace_quotas, node_requests, quotas
 
-MIGRATIONS = Path(__file__).parent / "migrations"
+MIGRATIONS = Path(__file__).parents[1] / "migrations"
 
 
 @dataclass(frozen=True)

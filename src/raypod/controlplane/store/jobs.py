@@ -1,4 +1,4 @@
-"""How raypod jobs are stored: one row per job, attempts as JSON (the table is in ``controlplane/schema.py``)."""
+"""How raypod jobs are stored: one row per job, attempts as JSON (the table is in ``store/schema.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.controlplane import store
-from raypod.controlplane.schema import jobs
+from raypod.controlplane.store.schema import jobs
 
 TERMINAL_STATUSES = frozenset({state.JobStatus.SUCCEEDED, state.JobStatus.FAILED, state.JobStatus.STOPPED})
 

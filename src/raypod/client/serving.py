@@ -1,0 +1,108 @@
+"""The SDK's model catalog and deployments."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable
+from typing import Any
+
+from raypod import errors, state
+from raypod import spec as spec_mod
+from raypod.client._calls import namespaced_path, poll
+from raypod.client._http import Transport
+from raypod.serving import catalog
+
+
+class Models:
+    """The model catalog; names match ``raypod model list|add|show|remove`` and ``/api/v1/models``."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    def list(self) -> builtins.list[catalog.ModelEntry]:
+        return [catalog.ModelEntry.model_validate(m) for m in self._t.request("GET", "/api/v1/models")]
+
+    def get(self, model_id: str) -> catalog.ModelEntry:
+        return catalog.ModelEntry.model_validate(self._t.request("GET", f"/api/v1/models/{model_id}"))
+
+    def add(
+        self,
+        model_id: str,
+        source: str,
+        storage_options: dict[str, Any] | None = None,
+        description: str = "",
+        replace: bool = False,
+        timeout: float = 1800.0,
+    ) -> catalog.ModelEntry:
+        """The server reads and checksums every file of ``source`` (minutes for a large model)."""
+        body = catalog.ModelSource(
+            id=model_id, source=source, storage_options=storage_options or {}, description=description
+        )
+        payload = self._t.request(
+            "POST", "/api/v1/models", json=body.model_dump(mode="json"), params={"replace": replace}, timeout=timeout
+        )
+        return catalog.ModelEntry.model_validate(payload)
+
+    def remove(self, model_id: str) -> catalog.ModelEntry:
+        return catalog.ModelEntry.model_validate(self._t.request("DELETE", f"/api/v1/models/{model_id}"))
+
+
+class Serving:
+    """Models on a cluster's Ray Serve; names match ``raypod serve deploy|list|status|delete``."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+
+    def deploy(
+        self,
+        cluster: str,
+        spec: spec_mod.ServeDeploySpec | dict[str, Any] | str,
+        namespace: str = "default",
+        timeout: float = 1800.0,
+    ) -> state.DeploymentView:
+        """Start a catalog model (``spec`` may be just its id). Checked first: it fits and its files are intact."""
+        if isinstance(spec, str):
+            spec = spec_mod.ServeDeploySpec(model=spec)
+        body = spec.model_dump(mode="json") if isinstance(spec, spec_mod.ServeDeploySpec) else spec
+        payload = self._t.request(
+            "POST", namespaced_path(namespace, cluster, "deployments"), json=body, timeout=timeout
+        )
+        return state.DeploymentView.model_validate(payload)
+
+    def list(self, cluster: str, namespace: str = "default") -> builtins.list[state.DeploymentView]:
+        found = self._t.request("GET", namespaced_path(namespace, cluster, "deployments"))
+        return [state.DeploymentView.model_validate(d) for d in found]
+
+    def get(self, cluster: str, name: str, namespace: str = "default") -> state.DeploymentView:
+        payload = self._t.request("GET", namespaced_path(namespace, cluster, f"deployments/{name}"))
+        return state.DeploymentView.model_validate(payload)
+
+    def delete(self, cluster: str, name: str, namespace: str = "default") -> state.DeploymentView:
+        payload = self._t.request("DELETE", namespaced_path(namespace, cluster, f"deployments/{name}"))
+        return state.DeploymentView.model_validate(payload)
+
+    def wait_running(
+        self,
+        cluster: str,
+        name: str,
+        namespace: str = "default",
+        timeout: float = 600.0,
+        on_progress: Callable[[state.DeploymentView], None] | None = None,
+    ) -> state.DeploymentView:
+        """Poll until Serve runs it. Raises InvalidSpec (it failed to deploy: the message says why),
+        TransientError (not running after ``timeout``)."""
+        return poll(
+            lambda: self.get(cluster, name, namespace),
+            lambda d: d.status == "RUNNING",
+            timeout=timeout,
+            every=1.0,
+            on_progress=on_progress,
+            failed=lambda d: (
+                errors.InvalidSpec(f"deployment {name} failed: {d.message}") if d.status == "DEPLOY_FAILED" else None
+            ),
+            late=lambda d: f"deployment {name} still {d.status} after {timeout:.0f} s",
+        )
+
+    def openai_base_url(self, cluster: str, name: str, namespace: str = "default") -> str:
+        """What to give an OpenAI client as ``base_url`` (with a raypod token as its ``api_key``)."""
+        return f"{self._t.server.rstrip('/')}/clusters/{namespace}/{cluster}/serve/{name}/v1"

@@ -1,0 +1,68 @@
+"""How the model catalog and model deployments are stored (tables in ``store/schema.py``)."""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any
+
+import sqlalchemy as sa
+
+from raypod.controlplane.store import schema
+from raypod.serving import catalog
+
+
+class CatalogStore:
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+
+    def save(self, entry: catalog.ModelEntry, *, replacing: bool) -> None:
+        table = schema.models
+        values = {"entry": entry.model_dump_json(), "added_by": entry.added_by, "added_at": entry.added_at}
+        with self.engine.begin() as connection:
+            if replacing:
+                connection.execute(table.update().where(table.c.id == entry.id).values(**values))
+            else:
+                connection.execute(table.insert().values(id=entry.id, **values))
+
+    def list(self) -> builtins.list[catalog.ModelEntry]:
+        with self.engine.connect() as connection:
+            rows = connection.execute(sa.select(schema.models.c.entry).order_by(schema.models.c.id))
+            return [catalog.ModelEntry.model_validate_json(row[0]) for row in rows]
+
+    def get(self, model_id: str) -> catalog.ModelEntry | None:
+        with self.engine.connect() as connection:
+            row = connection.execute(sa.select(schema.models.c.entry).where(schema.models.c.id == model_id)).first()
+        return catalog.ModelEntry.model_validate_json(row[0]) if row else None
+
+    def delete(self, model_id: str) -> None:
+        with self.engine.begin() as connection:
+            connection.execute(schema.models.delete().where(schema.models.c.id == model_id))
+
+
+class DeploymentStore:
+    """One row per model deployment of a cluster: what was asked for, and the submission that applied it."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+
+    def save(self, cluster_uid: str, name: str, values: dict[str, Any]) -> None:
+        table = schema.deployments
+        with self.engine.begin() as connection:
+            where = sa.and_(table.c.cluster_uid == cluster_uid, table.c.name == name)
+            if connection.execute(sa.select(table.c.name).where(where)).first():
+                connection.execute(table.update().where(where).values(**values))
+            else:
+                connection.execute(table.insert().values(cluster_uid=cluster_uid, name=name, **values))
+
+    def of_cluster(self, cluster_uid: str, name: str | None = None) -> builtins.list[dict[str, Any]]:
+        table = schema.deployments
+        query = sa.select(table).where(table.c.cluster_uid == cluster_uid).order_by(table.c.name)
+        if name is not None:
+            query = query.where(table.c.name == name)
+        with self.engine.connect() as connection:
+            return [dict(row._mapping) for row in connection.execute(query)]
+
+    def delete(self, cluster_uid: str, name: str) -> None:
+        table = schema.deployments
+        with self.engine.begin() as connection:
+            connection.execute(table.delete().where(table.c.cluster_uid == cluster_uid, table.c.name == name))

@@ -1,0 +1,138 @@
+"""Workspaces through the gateway, at ``/spaces/<namespace>/<name>/``: only their owners (and admins) get in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request, WebSocket
+from fastapi.responses import Response
+from starlette import routing as starlette_routing
+from starlette.concurrency import run_in_threadpool
+
+from raypod import errors
+from raypod import spec as spec_mod
+from raypod.controlplane import identity, service, spaces
+from raypod.server import origins as origins_mod
+from raypod.server.gateway.clusters import check_names
+from raypod.server.gateway.forward import (
+    FORWARDED_REQUEST_HEADERS,
+    METHODS,
+    WRITE_METHODS,
+    browser_session,
+    caller,
+    enter_origin,
+    forward,
+    framing,
+)
+from raypod.server.gateway.sockets import (
+    refuse,
+    relay_websocket,
+    websocket_caller,
+)
+
+router = APIRouter(tags=["gateway"])
+
+
+@dataclass(frozen=True)
+class SpaceRoute:
+    ide: str | None  # where the workspace's IDE answers, None while it does not
+    message: str
+    token: str
+    owner: str | None
+    team: str | None
+
+
+async def resolve_space(
+    state: Any, principal: identity.Principal, namespace: str, name: str, *, ready: bool = True
+) -> SpaceRoute:
+    """Only the workspace's owner and admins get further than a NotFound that names nothing else: a workspace
+    runs its owner's code, so even reading its pages needs the owner's rights.
+
+    Raises:
+        NotFound, Conflict (its IDE is not running).
+    """
+    check_names(namespace, name)
+    clusters: service.ClusterService = state.clusters
+
+    def lookup() -> SpaceRoute:
+        view = next((v for v in clusters.store.list(namespace) if v.spec.space(name)), None)
+        space = view.spec.space(name) if view else None
+        if view is None or space is None:
+            raise errors.NotFound(f"workspace '{name}' not found in namespace '{namespace}'")
+        ide = view.status.endpoints.get(f"space/{name}") if space.running and not view.deleting else None
+        message = "stopped" if not space.running else f"its IDE is not running yet ({view.status.message})"
+        token = clusters.backend.sidecar_token(view.uid, space.node_name(), spec_mod.IDE_SIDECAR)
+        return SpaceRoute(ide, message, token, space.owner, clusters.identities.namespace_team(namespace))
+
+    route = await run_in_threadpool(lookup)
+    if not spaces.may_open(principal, route.team, route.owner):
+        raise errors.NotFound(f"workspace '{name}' not found in namespace '{namespace}'")
+    if route.ide is None and ready:
+        raise errors.Conflict(f"workspace {namespace}/{name} is not ready: {route.message}")
+    return route
+
+
+def space_headers(request: Request, route: SpaceRoute, length: int | None) -> list[tuple[str, str]]:
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() in FORWARDED_REQUEST_HEADERS]
+    headers.append(("Authorization", f"token {route.token}"))
+    if request.method in WRITE_METHODS and length is not None:
+        headers.append(("Content-Length", str(length)))
+    return headers
+
+
+async def space_proxy(request: Request) -> Response:
+    """Forward a request to a workspace's IDE, which serves under the same path (its base URL)."""
+    params = request.path_params
+    namespace, name = params["namespace"], params["name"]
+    if browser_session(request):
+        target = origins_mod.Target("space", namespace, name)
+
+        async def may_view(principal: identity.Principal) -> object:
+            return await resolve_space(request.app.state, principal, namespace, name, ready=False)
+
+        return await enter_origin(request, target, request.url.path, may_view)
+    principal = await caller(request)
+    return await proxy_space(request, principal, namespace, name, own_origin=False)
+
+
+async def proxy_space(
+    request: Request, principal: identity.Principal, namespace: str, name: str, *, own_origin: bool
+) -> Response:
+    route = await resolve_space(request.app.state, principal, namespace, name)
+    length = framing(request)
+    url = f"{route.ide}{request.url.path}" + (f"?{request.url.query}" if request.url.query else "")
+    body: Any = request.stream() if request.method in WRITE_METHODS else None
+    headers = space_headers(request, route, length)
+    return await forward(
+        request,
+        url,
+        headers,
+        body,
+        (principal.user, namespace, f"space/{name}"),
+        f"workspace {namespace}/{name}",
+        "space",
+        own_origin=own_origin,
+    )
+
+
+@router.websocket("/spaces/{namespace}/{name}/{path:path}")
+async def space_websocket(websocket: WebSocket, namespace: str, name: str, path: str) -> None:
+    """A workspace's websockets: kernels, terminals."""
+    principal = await websocket_caller(websocket)
+    if principal is None:
+        return
+    try:
+        route = await resolve_space(websocket.app.state, principal, namespace, name)
+    except errors.RaypodError as exc:
+        await refuse(websocket, exc)
+        return
+    assert route.ide is not None
+    headers = {"Authorization": f"token {route.token}"}
+    key = (principal.user, namespace, f"space/{name}")
+    await relay_websocket(
+        websocket, f"{route.ide}{websocket.url.path}", headers, f"workspace {namespace}/{name}", limit_key=key
+    )
+
+
+space_http_route = starlette_routing.Route("/spaces/{namespace}/{name}/{path:path}", space_proxy, methods=METHODS)
