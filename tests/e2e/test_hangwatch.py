@@ -37,6 +37,7 @@ pytestmark = [
 SCRIPTS = Path(__file__).parent / "scripts"
 TIMEOUT_S = 8.0
 POLL_S = 1.0
+HEALTHY_TIMEOUT_S = 4.0  # a job-level timeout (raypod.hang_timeout): the healthy run's phases need only outlast it
 CLUSTER = {
     "name": "hw",
     "head": {"cpus": 0, "memory": "512Mi", "object_store_memory": "80Mi"},
@@ -155,13 +156,19 @@ def test_healthy_runs_with_slow_starts_checkpoints_pauses_and_a_harmless_oom_lin
     rules = json.dumps(
         [{"name": "oom", "log_pattern": "out of memory", "fault_on_match": False, "timeout_minutes": 60}]
     )
-    """One run whose slow start, slow checkpoint upload and paused evaluation each last longer than the hang timeout
-    (PHASE_S > TIMEOUT_S): a pause that did not reach the agent would be a detection, and with ``cancel`` a killed
-    run (checked: with ``raypod.hangwatch.paused`` made a no-op, this fails). Five runs in a row are the
-    benchmark's (benchmarks/hangwatch.py)."""
-    metadata = {"raypod.hang_rules": rules, "raypod.hang_action": "cancel"}
+    """One run whose slow start, slow checkpoint upload and paused evaluation each last longer than its hang timeout
+    (the job's own, HEALTHY_TIMEOUT_S, shorter than the cluster's: PHASE_S is twice the poll past it): a pause that
+    did not reach the agent would be a detection, and with ``cancel`` a killed run (checked: with
+    ``raypod.hangwatch.paused`` made a no-op, this fails). Five runs in a row are the benchmark's
+    (benchmarks/hangwatch.py)."""
+    metadata = {
+        "raypod.hang_rules": rules,
+        "raypod.hang_action": "cancel",
+        "raypod.hang_timeout": f"{HEALTHY_TIMEOUT_S}s",
+    }
     with server.client() as api:
-        job = submit(api, "hangwatch_script.py", "healthy 1", metadata, env={"PHASE_S": str(TIMEOUT_S + 4)})
+        phase_s = HEALTHY_TIMEOUT_S + 2 * POLL_S + 1
+        job = submit(api, "hangwatch_script.py", "healthy 1", metadata, env={"PHASE_S": str(phase_s)})
         finished = api.jobs.wait(job.id, timeout=600)
         assert finished.status is state.JobStatus.SUCCEEDED, api.jobs.logs(job.id)[-3000:]
         done = next(li for li in api.jobs.logs(job.id).splitlines() if li.startswith("DONE "))

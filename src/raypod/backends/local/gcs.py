@@ -21,6 +21,7 @@ from raypod.backends import _ports
 log = logging.getLogger(__name__)
 
 GCS_TIMEOUT_S = 2.0
+DEADLINE_EXCEEDED = 4  # the gRPC status code of a call that got no answer in time (RpcError.rpc_code)
 INCARNATION_LABEL = "raypod.io/incarnation"
 
 
@@ -116,12 +117,16 @@ class Gcs:
         self._clients.clear()
 
     def _call(self, cluster_id: str, port: int, call: Callable[[Any], Any]) -> Any:
-        """``call`` with the cluster's client, as the cluster; a client that failed is made anew next time."""
+        """``call`` with the cluster's client, as the cluster. A client that failed otherwise than by a deadline
+        (a restarted head's GCS is another cluster to it) is made anew next time; one whose GCS did not answer in
+        time is kept, and reconnects by itself: making a client waits for the GCS to answer (over 30 s for one
+        that accepts connections and never answers), and would hold the loop that long."""
         try:
             with self._as_cluster(cluster_id):
                 return call(self._client(cluster_id, port))
-        except Exception:
-            self._clients.pop(cluster_id, None)
+        except Exception as exc:
+            if getattr(exc, "rpc_code", None) != DEADLINE_EXCEEDED:
+                self._clients.pop(cluster_id, None)
             raise
 
     def _client(self, cluster_id: str, port: int) -> Any:

@@ -1,0 +1,48 @@
+"""The local backend's GCS client keeps its connection through a GCS that stops answering for a while.
+
+A real stopped GCS is ``tests/e2e/test_resilience.py``'s (it must be Ready again soon after it answers); here the
+client's error path alone, with Ray's own RpcError raised by a stand-in client (making a real client of a GCS
+that does not answer takes over 30 s, which is the point of keeping it)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+from ray.exceptions import RpcError
+
+from raypod.backends.local.gcs import DEADLINE_EXCEEDED, Gcs
+
+
+class StandIn:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def get_all_node_info(self, timeout: float) -> dict[object, object]:
+        raise self.error
+
+
+@pytest.fixture
+def listening_port() -> Iterator[int]:
+    """A port that accepts connections and never answers: a GCS that is SIGSTOPped looks like this."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_a_gcs_that_does_not_answer_in_time_keeps_its_client(listening_port: int) -> None:
+    gcs = Gcs(lambda cluster: "t" * 64)
+    silent = StandIn(RpcError("RPC error: Deadline Exceeded", rpc_code=DEADLINE_EXCEEDED))
+    gcs._clients["c"] = (listening_port, silent)
+    table = gcs.node_table("c", listening_port)
+    assert table.error is not None and "Deadline Exceeded" in table.error
+    assert gcs._clients["c"] == (listening_port, silent), "dropped: the next pass would wait for a new client"
+
+
+def test_a_client_that_fails_otherwise_is_made_anew(listening_port: int) -> None:
+    gcs = Gcs(lambda cluster: "t" * 64)
+    gcs._clients["c"] = (listening_port, StandIn(RpcError("cluster ID mismatch", rpc_code=9)))
+    assert gcs.node_table("c", listening_port).error is not None
+    assert "c" not in gcs._clients
