@@ -60,14 +60,15 @@ pytest() {
   .venv/bin/python -m pytest -q "$@"
 }
 
-# Lint and types take a core of their own while the tests that start no Ray node run on the other; the e2e
-# tests (real servers and clusters, marked e2e) then have the host to themselves.
+# Lint and types run beside the tests that start no Ray node, which run in two processes (pytest-xdist, a module
+# per process at a time): the three share both cores. The e2e tests (real servers and clusters, marked e2e) then
+# have the host to themselves, in one process: several assert timings that a second process would disturb.
 checks_beside_unit_tests() {
   local log rc=0
   log=$(mktemp)
   checks >"$log" 2>&1 &
   local checking=$!
-  pytest --durations=15 -m "not e2e" || rc=$?
+  pytest --durations=15 -m "not e2e" -n 2 --dist loadfile || rc=$?
   wait "$checking" || rc=$?
   cat "$log"
   rm -f "$log"

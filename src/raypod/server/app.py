@@ -10,10 +10,9 @@ import aiohttp
 from fastapi import FastAPI
 
 import raypod
-from raypod import backends, config
+from raypod import config
 from raypod.backends import base
-from raypod.controlplane import addons as node_addons
-from raypod.controlplane import governance, hangs, identity, jobs, loop, plan, service, serving, spaces, store
+from raypod.controlplane.plane import ControlPlane
 from raypod.server import console, gateway, limits, origins
 from raypod.server import errors as server_errors
 from raypod.server.routes import clusters, identities, monitoring
@@ -32,52 +31,18 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         config.secure_home(settings.home)
         app.state.origins = origins.Origins.load(settings.home, settings.origin_domain, secure=settings.tls)
-        db = store.Store(settings.resolved_database_url)
-        chosen = backend or backends.create_backend(settings)
-        if not chosen.tenancy.isolated:
-            log.warning("tenancy: %s", chosen.tenancy.summary)
-        ids = identity.IdentityService(db)
-        governor = governance.GovernanceService(
-            db,
-            ids,
-            chosen,
-            priority_classes=settings.priority_classes,
-            priority_teams=settings.priority_teams,
-            pool_cpus=settings.pool_cpus,
-            pool_memory=settings.pool_memory,
-            pool_gpus=settings.pool_gpus,
-            grace_s=settings.drain_timeout_s,
-            admits=not settings.kueue,
-        )
-        reconciler = loop.Reconciler(
-            db,
-            chosen,
-            scheduler=governor.schedule,
-            interval_s=settings.reconcile_interval_s,
-            settings=plan.PlanSettings(
-                drain_timeout_s=settings.drain_timeout_s, node_start_timeout_s=settings.node_start_timeout_s
-            ),
-            gcs_unreachable_timeout_s=settings.gcs_unreachable_timeout_s,
-            node_addons=node_addons.NodeAddonMaker(settings.home),
-        )
-        governor.wake = reconciler.wake
-        ca_file = (settings.tls_ca or settings.tls_cert) if settings.tls else None
-        if ids.bootstrap(settings.home / "credentials", settings.public_url, ca_file):
-            log.info("first start: admin credentials written to %s (mode 0600)", settings.home / "credentials")
+        plane = ControlPlane.open(settings, backend)
+        app.state.control_plane = plane
         app.state.settings = settings
-        app.state.identities = ids
-        app.state.clusters = service.ClusterService(db, chosen, ids, wake=reconciler.wake, governance=governor)
-        app.state.governance = governor
-        app.state.gateway_routes = gateway.RouteCache(app.state.clusters)
-        app.state.jobs = jobs.JobService(app.state.clusters, settings.home / "packages")
-        app.state.serving = serving.ServingService(app.state.clusters, serving.ModelCatalog(db, settings.outbound))
-        app.state.spaces = spaces.SpaceService(app.state.clusters, settings.home)
-        supervisor = jobs.JobSupervisor(app.state.jobs, interval_s=min(settings.reconcile_interval_s, 1.0))
-        supervisor.start()
-        app.state.hangs = hangs.HangCollector(
-            db, app.state.jobs, interval_s=min(settings.reconcile_interval_s, 1.0), outbound=settings.outbound
-        )
-        app.state.hangs.start()
+        app.state.identities = plane.identities
+        app.state.clusters = plane.clusters
+        app.state.governance = plane.governance
+        app.state.jobs = plane.jobs
+        app.state.serving = plane.serving
+        app.state.spaces = plane.spaces
+        app.state.hangs = plane.hangs
+        app.state.reconciler = plane.reconciler
+        app.state.gateway_routes = gateway.RouteCache(plane.clusters)
         # aiohttp, not httpx, for the proxy hop: it adds about half the latency per request here.
         app.state.gateway_limit = gateway.ConcurrencyLimit(settings.gateway_max_in_flight)
         app.state.gateway_http = aiohttp.ClientSession(
@@ -91,17 +56,12 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
             connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=60),
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
         )
-        app.state.reconciler = reconciler
-        reconciler.start()
+        plane.start()
         try:
             yield
         finally:
             await app.state.gateway_http.close()
-            app.state.hangs.stop()
-            supervisor.stop()
-            reconciler.stop()
-            chosen.close()
-            db.close()
+            plane.close()
 
     app = FastAPI(
         title="raypod",

@@ -1,0 +1,105 @@
+"""The control plane as one object: its store, its backend, the services the API calls and the loops that run
+beside them, opened and closed together. The server only routes requests to it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from raypod import backends, config
+from raypod.backends import base
+from raypod.controlplane import addons as node_addons
+from raypod.controlplane import loop, plan, service
+from raypod.controlplane.governance import GovernanceService
+from raypod.controlplane.hangs import HangCollector
+from raypod.controlplane.identity import IdentityService
+from raypod.controlplane.jobs import JobService, JobSupervisor
+from raypod.controlplane.serving import ModelCatalog, ServingService
+from raypod.controlplane.spaces import SpaceService
+from raypod.controlplane.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ControlPlane:
+    settings: config.Settings
+    store: Store
+    backend: base.Backend
+    identities: IdentityService
+    governance: GovernanceService
+    reconciler: loop.Reconciler
+    clusters: service.ClusterService
+    jobs: JobService
+    serving: ServingService
+    spaces: SpaceService
+    supervisor: JobSupervisor
+    hangs: HangCollector
+
+    @classmethod
+    def open(cls, settings: config.Settings, backend: base.Backend | None = None) -> ControlPlane:
+        """Open the store (migrating it), the backend (``settings.backend`` unless one is given) and every service;
+        on a first start, the admin's credentials. Nothing runs until ``start``."""
+        db = Store(settings.resolved_database_url)
+        chosen = backend or backends.create_backend(settings)
+        if not chosen.tenancy.isolated:
+            log.warning("tenancy: %s", chosen.tenancy.summary)
+        ids = IdentityService(db)
+        governor = GovernanceService(
+            db,
+            ids,
+            chosen,
+            priority_classes=settings.priority_classes,
+            priority_teams=settings.priority_teams,
+            pool_cpus=settings.pool_cpus,
+            pool_memory=settings.pool_memory,
+            pool_gpus=settings.pool_gpus,
+            grace_s=settings.drain_timeout_s,
+            admits=not settings.kueue,
+        )
+        reconciler = loop.Reconciler(
+            db,
+            chosen,
+            scheduler=governor.schedule,
+            interval_s=settings.reconcile_interval_s,
+            settings=plan.PlanSettings(
+                drain_timeout_s=settings.drain_timeout_s, node_start_timeout_s=settings.node_start_timeout_s
+            ),
+            gcs_unreachable_timeout_s=settings.gcs_unreachable_timeout_s,
+            node_addons=node_addons.NodeAddonMaker(settings.home),
+        )
+        governor.wake = reconciler.wake
+        ca_file = (settings.tls_ca or settings.tls_cert) if settings.tls else None
+        if ids.bootstrap(settings.home / "credentials", settings.public_url, ca_file):
+            log.info("first start: admin credentials written to %s (mode 0600)", settings.home / "credentials")
+        clusters = service.ClusterService(db, chosen, ids, wake=reconciler.wake, governance=governor)
+        job_service = JobService(clusters, settings.home / "packages")
+        side_interval_s = min(settings.reconcile_interval_s, 1.0)
+        return cls(
+            settings=settings,
+            store=db,
+            backend=chosen,
+            identities=ids,
+            governance=governor,
+            reconciler=reconciler,
+            clusters=clusters,
+            jobs=job_service,
+            serving=ServingService(clusters, ModelCatalog(db, settings.outbound)),
+            spaces=SpaceService(clusters, settings.home),
+            supervisor=JobSupervisor(job_service, interval_s=side_interval_s),
+            hangs=HangCollector(db, job_service, interval_s=side_interval_s, outbound=settings.outbound),
+        )
+
+    def start(self) -> None:
+        """The loops: the reconciler, the job supervisor and the hang collector."""
+        self.supervisor.start()
+        self.hangs.start()
+        self.reconciler.start()
+
+    def close(self) -> None:
+        """Stop the loops, then close the backend and the store."""
+        self.hangs.stop()
+        self.supervisor.stop()
+        self.reconciler.stop()
+        self.backend.close()
+        self.store.close()
