@@ -6,8 +6,10 @@ that does not answer takes over 30 s, which is the point of keeping it)."""
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from ray.exceptions import RpcError
@@ -24,6 +26,21 @@ class StandIn:
 
 
 @pytest.fixture
+def process_token() -> Iterator[str]:
+    """The Ray token this test process uses already (tests/conftest.py), for the client to present: it sets the
+    process's token while it calls, and a Ray driver that another test started in this process must keep
+    authenticating meanwhile. The variables are put back afterwards."""
+    saved = {name: os.environ.get(name) for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    token = saved["RAY_AUTH_TOKEN"] or Path(os.environ["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    yield token
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture
 def listening_port() -> Iterator[int]:
     """A port that accepts connections and never answers: a GCS that is SIGSTOPped looks like this."""
     with socket.socket() as sock:
@@ -32,8 +49,8 @@ def listening_port() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-def test_a_gcs_that_does_not_answer_in_time_keeps_its_client(listening_port: int) -> None:
-    gcs = Gcs(lambda cluster: "t" * 64)
+def test_a_gcs_that_does_not_answer_in_time_keeps_its_client(listening_port: int, process_token: str) -> None:
+    gcs = Gcs(lambda cluster: process_token)
     silent = StandIn(RpcError("RPC error: Deadline Exceeded", rpc_code=DEADLINE_EXCEEDED))
     gcs._clients["c"] = (listening_port, silent)
     table = gcs.node_table("c", listening_port)
@@ -41,8 +58,8 @@ def test_a_gcs_that_does_not_answer_in_time_keeps_its_client(listening_port: int
     assert gcs._clients["c"] == (listening_port, silent), "dropped: the next pass would wait for a new client"
 
 
-def test_a_client_that_fails_otherwise_is_made_anew(listening_port: int) -> None:
-    gcs = Gcs(lambda cluster: "t" * 64)
+def test_a_client_that_fails_otherwise_is_made_anew(listening_port: int, process_token: str) -> None:
+    gcs = Gcs(lambda cluster: process_token)
     gcs._clients["c"] = (listening_port, StandIn(RpcError("cluster ID mismatch", rpc_code=9)))
     assert gcs.node_table("c", listening_port).error is not None
     assert "c" not in gcs._clients
