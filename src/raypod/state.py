@@ -195,8 +195,13 @@ class JobView(BaseModel):
     owner: str = Field(description="Who submitted it; empty for a job submitted with plain Ray tooling.")
     spec: spec_mod.JobSpec
     status: JobStatus
-    attempts: list[Attempt]
+    attempts: list[Attempt] = Field(
+        description="Ray submissions, oldest first; empty until the job supervisor submits the first one."
+    )
     stop_requested: bool = False
+    fail_requested: str | None = Field(
+        default=None, description="Why raypod stops the job as FAILED (a run that hung again and again)."
+    )
     next_attempt_at: datetime | None = None
     created_at: datetime
     submitted_via: SubmittedVia = SubmittedVia.RAYPOD

@@ -57,6 +57,10 @@ def test_jobs_submit_list_get_logs_stop(sdk: Client, backend: FakeBackend) -> No
 def test_an_attempt_ray_lost_with_its_head_is_failed_and_retried(sdk: Client, backend: FakeBackend) -> None:
     view = ready_cluster(sdk)
     job = sdk.jobs.submit("demo", spec_mod.JobSpec(entrypoint="python train.py", max_retries=1, backoff_s=0))
+    for _ in range(200):  # the supervisor submits its first attempt
+        if sdk.jobs.get(job.id).attempts:
+            break
+        time.sleep(0.05)
     # The head is replaced without GCS fault tolerance: the new head's Ray has never heard of the submission.
     backend.ray_jobs[view.uid].clear()
     for _ in range(200):

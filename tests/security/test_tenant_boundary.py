@@ -44,7 +44,7 @@ def alices_job(app: App) -> dict[str, Any]:
     submitted = app.http.post(
         "/api/v1/namespaces/ml/clusters/train/jobs", json={"entrypoint": "python t.py"}, headers=app.as_("alice")
     )
-    assert submitted.status_code == 201, submitted.text
+    assert submitted.status_code == 202, submitted.text
     job: dict[str, Any] = submitted.json()
     return job
 
@@ -164,13 +164,13 @@ def test_a_detection_file_names_no_job_and_no_action_even_on_its_own_cluster(app
     assert app.http.get(f"/api/v1/jobs/{job['id']}", headers=app.as_("alice")).json()["status"] != "FAILED"
 
 
-def test_jobs_fail_refuses_a_job_of_another_cluster(app: App) -> None:
+def test_a_requested_failure_refuses_a_job_of_another_cluster(app: App) -> None:
     job = alices_job(app)
     other_team_cluster(app)
     jobs = app.http.app.state.jobs  # type: ignore[attr-defined]
     theirs = app.http.app.state.clusters.store.get("other", "theirs")  # type: ignore[attr-defined]
     try:
-        jobs.fail(job["id"], "forged", theirs)
+        jobs.request_failure(job["id"], "forged", theirs)
     except Exception as exc:  # the refusal is the point
         assert "not found on cluster other/theirs" in str(exc)
     else:

@@ -211,6 +211,26 @@ def test_a_rayjob_on_a_backend_without_kuberay_is_a_clear_4xx(api: TestClient) -
     assert "needs the Kubernetes backend" in response.json()["message"]
 
 
+def test_the_supervisor_submits_a_stored_job_and_fails_it_with_rays_refusal(
+    api: TestClient, backend: FakeBackend
+) -> None:
+    """A submission is stored desired state: the request answers 202 without asking Ray (which refuses every
+    submission here), and the job supervisor, its one writer, submits it and records Ray's refusal."""
+    api.post("/api/v1/clusters", json={"name": "demo", "head": {"cpus": 1, "memory": "1Gi"}}).raise_for_status()
+    wait_for(api, PATH, ready)
+    backend.refused_submission = "runtime_env: unknown field 'piip'"
+    submitted = api.post(f"{PATH}/jobs", json={"entrypoint": "python x.py", "runtime_env": {"piip": ["x"]}})
+    assert submitted.status_code == 202, submitted.text
+    assert submitted.json()["status"] == "PENDING" and submitted.json()["attempts"] == []
+    job = wait_for(api, f"/api/v1/jobs/{submitted.json()['id']}", lambda r: r.json()["status"] == "FAILED").json()
+    assert [a["status"] for a in job["attempts"]] == ["FAILED"]
+    assert "unknown field 'piip'" in job["attempts"][0]["message"]
+    backend.refused_submission = None
+    again = api.post(f"{PATH}/jobs", json={"entrypoint": "python y.py"}).json()
+    running = wait_for(api, f"/api/v1/jobs/{again['id']}", lambda r: r.json()["status"] == "RUNNING").json()
+    assert [a["submission_id"] for a in running["attempts"]] == [f"{again['id']}-1"]
+
+
 def test_a_job_is_found_by_its_ray_submission_id_too(client: TestClient, admin: dict[str, str]) -> None:
     """Plain-Ray users know their job by ``raysubmit_...``: get, logs and stop take it as raypod's id."""
     client.post("/api/v1/clusters", json={"name": "c"}, headers=admin).raise_for_status()

@@ -43,6 +43,7 @@ class FakeBackend:
         self.held_starting: set[str] = set()  # node names that stay Starting until removed from this set
         self.unreachable: set[str] = set()  # clusters whose GCS does not answer (see ``set_gcs_reachable``)
         self.ray_jobs: dict[str, dict[str, dict[str, Any]]] = {}
+        self.refused_submission: str | None = None  # set: Ray's job API answers each submission 400 with it
         self.quarantined: list[tuple[str, str, float]] = []  # (cluster, node, seconds) of each replaced node
         self._incarnations = 0
         # Per cluster, node -> a directory a test fills as a node's hangwatch agent would (no agent runs here).
@@ -215,6 +216,8 @@ class FakeBackend:
                     return httpx.Response(200, json={})
                 return httpx.Response(200 if name in held else 404, text="")
             if path == "api/jobs/" and request.method == "POST":
+                if self.refused_submission is not None:
+                    return httpx.Response(400, text=self.refused_submission)
                 body = json.loads(request.content)
                 found[body["submission_id"]] = {**body, "status": "RUNNING", "metadata": body.get("metadata") or {}}
                 return httpx.Response(200, json={"submission_id": body["submission_id"]})

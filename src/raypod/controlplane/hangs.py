@@ -344,11 +344,12 @@ class HangCollector(Periodic):
         return None
 
     def _fail_job(self, view: state.ClusterView, job: str, run: str, count: int, why: str) -> None:
+        """Ask the job supervisor (the one writer of jobs) to fail the job."""
         reason = f"hangwatch: Ray Train run {run} hung {count} times with no progress in between: {why}"
         try:
             if self.jobs.records.load(job).status in TERMINAL_STATUSES:
                 return
-            self.jobs.fail(job, reason, view)
+            self.jobs.request_failure(job, reason, view)
         except errors.RaypodError as exc:
             log.warning("cannot fail job %s after repeated hangs: %s", job, exc)
             return

@@ -16,6 +16,7 @@ class Periodic:
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
         self._stop = threading.Event()
+        self._woken = threading.Event()
         self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
 
     def start(self) -> None:
@@ -23,13 +24,22 @@ class Periodic:
 
     def stop(self) -> None:
         self._stop.set()
+        self._woken.set()
         self._thread.join(timeout=30)
+
+    def wake(self) -> None:
+        """Run the next pass now: a request stored work for it (a job to submit, a stop to carry out)."""
+        self._woken.set()
 
     def run_once(self) -> None:
         raise NotImplementedError
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while True:
+            self._woken.wait(self.interval_s)
+            self._woken.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.run_once()
             except Exception:

@@ -75,6 +75,8 @@ class ControlPlane:
         clusters = service.ClusterService(db, chosen, ids, wake=reconciler.wake, governance=governor)
         job_service = JobService(clusters, settings.home / "packages")
         side_interval_s = min(settings.reconcile_interval_s, 1.0)
+        supervisor = JobSupervisor(job_service, interval_s=side_interval_s)
+        job_service.wake = supervisor.wake
         return cls(
             settings=settings,
             store=db,
@@ -86,7 +88,7 @@ class ControlPlane:
             jobs=job_service,
             serving=ServingService(clusters, ModelCatalog(db, settings.outbound)),
             spaces=SpaceService(clusters, settings.home),
-            supervisor=JobSupervisor(job_service, interval_s=side_interval_s),
+            supervisor=supervisor,
             hangs=HangCollector(db, job_service, interval_s=side_interval_s, outbound=settings.outbound),
         )
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import builtins
-import contextlib
 import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO, cast
 
@@ -30,14 +29,24 @@ class JobService:
         # Uploaded working dirs, kept per cluster: a cluster whose head restarts without GCS fault tolerance (a
         # preempted one, one whose head was replaced) loses them, and a later attempt uploads them again.
         self.packages_dir = packages_dir
+        # Starts the supervisor's next pass at once; the control plane sets it to the supervisor's own.
+        self.wake: Callable[[], None] = lambda: None
 
     def submit(self, caller: identity.Principal, namespace: str, cluster: str, spec: spec_mod.JobSpec) -> state.JobView:
-        """Raises Forbidden (not owner/team admin), NotFound, Conflict (no dashboard), TransientError."""
+        """Store the job as PENDING; the supervisor submits it to Ray (its first attempt) on its next pass, which
+        this starts at once. What can be told without Ray is refused here.
+
+        Raises:
+            Forbidden (not owner/team admin), NotFound, Conflict (no dashboard), InvalidSpec."""
         view = self.clusters.get(caller, namespace, cluster, identity.Verb.OPERATE)
         capacity.check_hangwatch(
             self.clusters.backend.features, spec_mod.hang_overrides_from_metadata(spec.metadata) is not None
         )
         spec = spec.model_copy(update={"runtime_env": {**view.spec.runtime_env, **spec.runtime_env}})
+        if spec.as_rayjob:
+            self._check_rayjob(spec)
+        else:
+            self.api(view)
         job = state.JobView(
             id=f"rj-{secrets.token_hex(5)}",
             namespace=namespace,
@@ -48,11 +57,8 @@ class JobService:
             attempts=[],
             created_at=store.now(),
         )
-        if spec.as_rayjob:
-            self._submit_rayjob(view, job)
-        else:
-            self.submit_attempt(view, job)
         self.records.insert(job)
+        self.wake()
         return job
 
     def rayjobs(self) -> base.RayJobRunner:
@@ -65,14 +71,17 @@ class JobService:
             )
         return backend
 
-    def _submit_rayjob(self, view: state.ClusterView, job: state.JobView) -> None:
-        """One RayJob on a cluster of its own shaped as ``view``'s: KubeRay submits and retries it."""
-        uploads = [str(v) for k, v in job.spec.runtime_env.items() if k in ("working_dir", "py_modules")]
+    def _check_rayjob(self, spec: spec_mod.JobSpec) -> None:
+        uploads = [str(v) for k, v in spec.runtime_env.items() if k in ("working_dir", "py_modules")]
         if any("gcs://" in value for value in uploads):
             raise errors.InvalidSpec(
                 "runtime_env: a package uploaded to one cluster's GCS cannot reach a RayJob's new cluster; "
                 "use a remote URI (s3://..., https://...)"
             )
+        self.rayjobs()
+
+    def submit_rayjob(self, view: state.ClusterView, job: state.JobView) -> None:
+        """One RayJob on a cluster of its own shaped as ``view``'s: KubeRay submits and retries it."""
         runner = self.rayjobs()
         manifest = manifests.rayjob(
             view.spec,
@@ -105,40 +114,26 @@ class JobService:
         return job
 
     def stop(self, caller: identity.Principal, job_id: str) -> state.JobView:
-        """Stop the running attempt; a stopped job is never retried."""
+        """Ask for the job to stop: the supervisor stops its running attempt (a RayJob: deletes it with its
+        cluster) on its next pass, which this starts at once. A stopped job is never retried."""
         job = self.get(caller, job_id)
-        view = self.clusters.get(caller, job.namespace, job.cluster, identity.Verb.OPERATE)
+        self.clusters.get(caller, job.namespace, job.cluster, identity.Verb.OPERATE)
         self.records.request_stop(job.id)
-        if job.attempts and job.status not in TERMINAL_STATUSES:
-            if job.spec.as_rayjob:  # its cluster goes with it
-                self.rayjobs().delete_rayjob(job.namespace, job.id)
-                self.records.save(self.records.load(job.id).model_copy(update={"status": state.JobStatus.STOPPED}))
-            else:
-                self.api(view).stop(job.attempts[-1].submission_id)
+        self.wake()
         return self.records.load(job.id)
 
-    def fail(self, job_id: str, reason: str, cluster: state.ClusterView) -> state.JobView:
-        """Fail a job of ``cluster`` for a reason raypod found there (a run that hangs again and again): its
-        attempt is stopped on Ray and never retried, and the reason is the attempt's message.
+    def request_failure(self, job_id: str, reason: str, cluster: state.ClusterView) -> None:
+        """Ask for a job of ``cluster`` to fail for a reason raypod found there (a run that hangs again and again):
+        the supervisor stops its attempt on Ray, never retries it, and makes the reason the attempt's message.
 
         Raises:
             NotFound: no such job on that cluster (what one cluster reports never touches another's jobs)."""
         job = self.records.load(job_id)
         if (job.namespace, job.cluster) != (cluster.spec.namespace, cluster.spec.name):
             raise errors.NotFound(f"job {job_id} not found on cluster {cluster.spec.namespace}/{cluster.spec.name}")
-        if job.status in TERMINAL_STATUSES:
-            return job
-        self.records.request_stop(job_id)
-        if job.attempts:
-            current = job.attempts[-1]
-            view = self.clusters.store.get(job.namespace, job.cluster)
-            # It may have ended on its own; the record says why it was failed either way.
-            with contextlib.suppress(errors.RaypodError):
-                self.api(view).stop(current.submission_id)
-            current.status, current.message = "FAILED", reason[:500]
-        failed = job.model_copy(update={"status": state.JobStatus.FAILED, "next_attempt_at": None})
-        self.records.save(failed)
-        return failed
+        if job.status not in TERMINAL_STATUSES:
+            self.records.request_stop(job_id, fail_reason=reason[:500])
+            self.wake()
 
     def logs(self, caller: identity.Principal, job_id: str, attempt: int | None = None) -> str:
         job = self.get(caller, job_id)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
@@ -78,11 +79,19 @@ class JobSupervisor(Periodic):
         return imported
 
     def _supervise(self, job: state.JobView) -> None:
+        """The one writer of a job's status and attempts: what requests stored (a new job, a stop, a requested
+        failure) is carried out here, and each attempt is followed on Ray."""
         now = store.now()
         try:
             view = self.jobs.clusters.store.get(job.namespace, job.cluster)
         except errors.NotFound:
             self.jobs.records.save(job.model_copy(update={"status": state.JobStatus.FAILED}))
+            return
+        if job.fail_requested is not None:
+            self._fail(view, job, job.fail_requested)
+            return
+        if not job.attempts:
+            self._first_attempt(view, job)
             return
         if job.status is state.JobStatus.RETRYING:
             if job.stop_requested:
@@ -95,6 +104,8 @@ class JobSupervisor(Periodic):
         if job.spec.as_rayjob:
             self._follow_rayjob(job, current)
             return
+        if job.stop_requested and not view.queued and current.status not in retry.TERMINAL:
+            self.jobs.api(view).stop(current.submission_id)
         try:
             info = self.jobs.api(view).info(current.submission_id)
         except errors.NotFound:
@@ -117,6 +128,39 @@ class JobSupervisor(Periodic):
             status = retry.STATUS_OF[decision]
         self.jobs.records.save(job.model_copy(update={"status": status, "next_attempt_at": when}))
 
+    def _first_attempt(self, view: state.ClusterView, job: state.JobView) -> None:
+        """Submit a stored job to Ray (a RayJob to KubeRay). What Ray refuses fails the job with Ray's reason;
+        a cluster not ready yet (no dashboard, queued, a transient error) is tried again on a later pass."""
+        if job.stop_requested:
+            self.jobs.records.save(job.model_copy(update={"status": state.JobStatus.STOPPED}))
+            return
+        try:
+            if job.spec.as_rayjob:
+                self.jobs.submit_rayjob(view, job)
+            else:
+                if not _runs(view):
+                    return
+                self.jobs.submit_attempt(view, job)
+        except errors.InvalidSpec as exc:
+            refused = state.Attempt(
+                submission_id=f"{job.id}-1", status="FAILED", message=exc.message[:500], submitted_at=store.now()
+            )
+            metrics.JOB_ATTEMPTS.labels("FAILED").inc()
+            self.jobs.records.save(job.model_copy(update={"status": state.JobStatus.FAILED, "attempts": [refused]}))
+            return
+        self.jobs.records.save(job)
+
+    def _fail(self, view: state.ClusterView, job: state.JobView, reason: str) -> None:
+        """Carry out a requested failure: the attempt is stopped on Ray (it may have ended on its own), and the
+        reason becomes its message either way."""
+        if job.attempts:
+            current = job.attempts[-1]
+            if not job.spec.as_rayjob:
+                with contextlib.suppress(errors.RaypodError):
+                    self.jobs.api(view).stop(current.submission_id)
+            current.status, current.message = "FAILED", reason[:500]
+        self.jobs.records.save(job.model_copy(update={"status": state.JobStatus.FAILED, "next_attempt_at": None}))
+
     def _preempted(self, view: state.ClusterView, job: state.JobView, current: state.Attempt) -> None:
         """The attempt ended because governance preempted its cluster: a raypod job is submitted again once the
         cluster is admitted (its run resumes from its last checkpoint), without using up a retry; a job that
@@ -134,7 +178,12 @@ class JobSupervisor(Periodic):
         )
 
     def _follow_rayjob(self, job: state.JobView, current: state.Attempt) -> None:
-        """A RayJob's status as KubeRay reports it: KubeRay retries it (backoffLimit), raypod only follows."""
+        """A RayJob's status as KubeRay reports it: KubeRay retries it (backoffLimit), raypod only follows. A stop
+        deletes it, its cluster with it."""
+        if job.stop_requested:
+            self.jobs.rayjobs().delete_rayjob(job.namespace, job.id)
+            self.jobs.records.save(job.model_copy(update={"status": state.JobStatus.STOPPED}))
+            return
         found = self.jobs.rayjobs().rayjob_status(job.namespace, job.id)
         if found is None:
             return  # not seen yet (the watch is behind, or the API server is away): nothing concluded

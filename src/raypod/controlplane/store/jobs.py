@@ -77,9 +77,14 @@ class JobRecords:
                 return job
         raise errors.NotFound(f"job '{submission_id[:40]}' not found")
 
-    def request_stop(self, job_id: str) -> None:
+    def request_stop(self, job_id: str, fail_reason: str | None = None) -> None:
+        """Ask the supervisor to stop the job (as FAILED, for ``fail_reason``): a request is all another thread
+        writes of a job; its status and attempts have one writer."""
+        values: dict[str, Any] = {"stop_requested": True}
+        if fail_reason is not None:
+            values["fail_requested"] = fail_reason
         with self.engine.begin() as connection:
-            connection.execute(jobs.update().where(jobs.c.id == job_id).values(stop_requested=True))
+            connection.execute(jobs.update().where(jobs.c.id == job_id).values(**values))
 
 
 def _row(job: state.JobView) -> dict[str, Any]:
@@ -92,6 +97,7 @@ def _row(job: state.JobView) -> dict[str, Any]:
         "status": job.status.value,
         "attempts": json.dumps([a.model_dump(mode="json") for a in job.attempts]),
         "stop_requested": job.stop_requested,
+        "fail_requested": job.fail_requested,
         "next_attempt_at": job.next_attempt_at,
         "created_at": job.created_at,
         "submitted_via": job.submitted_via.value,
@@ -109,6 +115,7 @@ def _view(row: sa.Row[tuple[object, ...]]) -> state.JobView:
         status=state.JobStatus(m["status"]),
         attempts=[state.Attempt.model_validate(a) for a in json.loads(m["attempts"])],
         stop_requested=bool(m["stop_requested"]),
+        fail_requested=m["fail_requested"],
         next_attempt_at=store.aware(m["next_attempt_at"]) if m["next_attempt_at"] else None,
         created_at=store.aware(m["created_at"]),
         submitted_via=state.SubmittedVia(m["submitted_via"]),

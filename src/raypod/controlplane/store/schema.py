@@ -126,6 +126,8 @@ jobs = sa.Table(
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("attempts", sa.Text, nullable=False),
     sa.Column("stop_requested", sa.Boolean, nullable=False),
+    # Why raypod asked the job to fail (a run that hung again and again); the supervisor carries it out (0012).
+    sa.Column("fail_requested", sa.Text, nullable=True),
     sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
     # "raypod" (raypod job submit, the console) or "ray" (plain Ray tooling, imported from the cluster).

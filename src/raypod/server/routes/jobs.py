@@ -81,7 +81,7 @@ async def upload_working_dir(
         await form.close()
 
 
-@router.post("/namespaces/{namespace}/clusters/{name}/jobs", status_code=201)
+@router.post("/namespaces/{namespace}/clusters/{name}/jobs", status_code=202)
 def submit_job(
     caller: Caller, namespace: NamePath, name: NamePath, spec: spec_mod.JobSpec, svc: Service
 ) -> state.JobView:
