@@ -361,9 +361,9 @@ class SpaceView(BaseModel):
 
 
 class DeploymentView(BaseModel):
-    """A model on a cluster's Ray Serve. ``status`` is Serve's own (RUNNING, DEPLOYING, DEPLOY_FAILED, UNHEALTHY,
-    DELETING), ``UNKNOWN`` while the cluster's dashboard does not answer, or raypod's ``SUBMITTED`` before Serve
-    knows the application."""
+    """A model on a cluster's Ray Serve. ``status`` is Serve's own (NOT_STARTED while raypod checks the model's
+    files before submitting it, DEPLOYING, RUNNING, DEPLOY_FAILED, UNHEALTHY, DELETING), ``UNKNOWN`` while the
+    cluster's dashboard does not answer, or raypod's ``SUBMITTED`` before Serve knows the application."""
 
     name: str
     namespace: str

@@ -256,7 +256,7 @@ def test_kv_cache_and_ttft_metrics_reach_the_nodes_metrics_endpoints(server: Ray
     wait_until(exported, "raypod's serving metrics on a node's metrics endpoint", timeout=90)
 
 
-def test_bad_deploys_are_refused_before_anything_starts(
+def test_bad_deploys_are_refused_or_fail_saying_why_before_anything_starts(
     server: RaypodServer,
     cluster: state.ClusterView,
     s3: testing.S3Server,
@@ -281,9 +281,13 @@ def test_bad_deploys_are_refused_before_anything_starts(
         data = bytearray(fs.cat_file(weights))
         data[len(data) // 2] ^= 0xFF
         fs.pipe_file(weights, bytes(data))
+        # The files are checked by the deployment applier, not the request: the deployment says why it failed.
+        api.serving.deploy("serving", {"model": "llama-corrupt", "name": "corrupt"})
         with pytest.raises(errors.InvalidSpec, match=r"model\.safetensors is corrupt"):
-            api.serving.deploy("serving", {"model": "llama-corrupt", "name": "corrupt"})
-        assert "corrupt" not in {d.name for d in api.serving.list("serving")}
+            api.serving.wait_running("serving", "corrupt", timeout=60)
+        assert api.serving.get("serving", "corrupt").status == "DEPLOY_FAILED"
+        api.serving.delete("serving", "corrupt")
+        wait_until(lambda: "corrupt" not in {d.name for d in api.serving.list("serving")}, "the failed one deleted", 30)
         if api.info().isolated:  # sandboxed nodes have a temporary root of their own
             api.models.add("llama-hidden", str(local_model))
             with pytest.raises(errors.InvalidSpec, match=r"nodes of cluster serving cannot read .*own"):
@@ -399,7 +403,7 @@ def test_list_status_and_delete(server: RaypodServer, deployed: state.Deployment
     deleted = run_cli(server, "raypod", "serve", "delete", "tiny", "--cluster", "serving")
     assert deleted.returncode == 0, deleted.stderr
     with server.client() as api:
-        assert api.serving.list("serving") == []
+        wait_until(lambda: api.serving.list("serving") == [], "the deployment forgotten", 30)
 
         def gone() -> bool:
             with httpx.Client(verify=tls_verify(server.ca_file)) as http:

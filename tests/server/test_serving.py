@@ -4,13 +4,17 @@ meet before it reaches a cluster. The deploys that do reach Ray Serve are tests/
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from raypod import config
+from raypod import config, state
 from raypod.backends.fake import FakeBackend
 from raypod.server.app import create_app
 from tests.server.conftest import make_user, wait_ready
@@ -91,3 +95,63 @@ def test_adding_a_model_the_nodes_cannot_read_warns_at_once(tmp_path: Path, mode
         [warning] = added.json()["warnings"]
         assert "cannot read" in warning and "will be refused" in warning
         assert client.get("/api/v1/models/tiny", headers=admin).json()["warnings"] == [], "said once, not stored"
+
+
+class ServingBackend(FakeBackend):
+    """Clusters with a Serve endpoint (no Serve answers on it: a submitted deployment reads as UNKNOWN)."""
+
+    def observe(self, cluster_id: str) -> state.ObservedCluster:
+        observed = super().observe(cluster_id)
+        if observed.endpoints:
+            observed.endpoints["serve"] = f"http://fake:8000/{cluster_id}"
+        return observed
+
+
+def test_a_deploy_is_stored_and_the_applier_checks_the_files_submits_and_deletes_it(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """The request answers 202 at once with NOT_STARTED: checksumming the model and submitting Serve's job happen
+    on the deployment applier's thread, which records a corrupt file as DEPLOY_FAILED with the reason."""
+    backend = ServingBackend()
+    settings = config.Settings(home=tmp_path / "home", reconcile_interval_s=0.05, tls=False)
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    with TestClient(create_app(settings, backend=backend), raise_server_exceptions=False) as client:
+        admin = {"Authorization": f"Bearer {json.loads((tmp_path / 'home' / 'credentials').read_text())['token']}"}
+        for model, source in (("tiny", model_dir), ("broken", broken)):
+            client.post("/api/v1/models", json={"id": model, "source": str(source)}, headers=admin).raise_for_status()
+        weights = broken / "model.safetensors"
+        data = bytearray(weights.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        weights.write_bytes(bytes(data))
+        spec = {"name": "c", "head": {"cpus": 1, "memory": "2Gi"}, "worker_groups": []}
+        client.post("/api/v1/clusters", json=spec, headers=admin).raise_for_status()
+        wait_ready(client, admin, "default", "c")
+        uid = client.get("/api/v1/namespaces/default/clusters/c", headers=admin).json()["uid"]
+        url = "/api/v1/namespaces/default/clusters/c/deployments"
+
+        managed_l2 = client.post(url, json={"model": "tiny"}, headers=admin)
+        assert managed_l2.status_code == 422 and "give the KV cache an L2 address" in managed_l2.json()["message"]
+        corrupt = client.post(url, json={"model": "broken", "name": "bad", "l2": "none"}, headers=admin)
+        assert corrupt.status_code == 202 and corrupt.json()["status"] == "NOT_STARTED", corrupt.text
+        failed = until(client, admin, f"{url}/bad", lambda d: d["status"] == "DEPLOY_FAILED")
+        assert "model.safetensors is corrupt" in failed["message"]
+
+        deployed = client.post(url, json={"model": "tiny", "name": "good", "l2": "none"}, headers=admin)
+        assert deployed.status_code == 202 and deployed.json()["deploy_job"] == "", deployed.text
+        submitted = until(client, admin, f"{url}/good", lambda d: d["deploy_job"] != "")
+        assert submitted["deploy_job"].startswith("rs-deploy-good-") and submitted["status"] == "UNKNOWN"
+        assert submitted["deploy_job"] in backend.ray_jobs[uid]
+
+        deleting = client.delete(f"{url}/good", headers=admin)
+        assert deleting.status_code == 202 and deleting.json()["status"] == "DELETING"
+        until(client, admin, url, lambda listed: [d["name"] for d in listed] == ["bad"])
+        assert any(job.startswith("rs-delete-good-") for job in backend.ray_jobs[uid])
+
+
+def until(client: TestClient, headers: dict[str, str], url: str, check: Callable[[Any], bool]) -> Any:
+    deadline = time.monotonic() + 15
+    while not check(found := client.get(url, headers=headers).json()):
+        assert time.monotonic() < deadline, found
+        time.sleep(0.05)
+    return found

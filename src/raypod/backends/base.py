@@ -32,6 +32,7 @@ class Feature(StrEnum):
     NODE_COMMANDS = "node-commands"  # run_on_node works: user health checks
     SPACES = "spaces"  # workspace nodes with their IDE
     HANGWATCH = "hangwatch"  # the hang detection agent runs on the nodes
+    KV_STORE = "kv-store"  # kv_store runs a Redis for a cluster's KV cache (the managed L2 tier)
 
 
 @dataclass(frozen=True)

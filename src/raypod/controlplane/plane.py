@@ -14,7 +14,7 @@ from raypod.controlplane.governance import GovernanceService
 from raypod.controlplane.hangs import HangCollector
 from raypod.controlplane.identity import IdentityService
 from raypod.controlplane.jobs import JobService, JobSupervisor
-from raypod.controlplane.serving import ModelCatalog, ServingService
+from raypod.controlplane.serving import DeploymentApplier, ModelCatalog, ServingService
 from raypod.controlplane.spaces import SpaceService
 from raypod.controlplane.store import Store
 
@@ -34,6 +34,7 @@ class ControlPlane:
     serving: ServingService
     spaces: SpaceService
     supervisor: JobSupervisor
+    deployments: DeploymentApplier
     hangs: HangCollector
 
     @classmethod
@@ -77,6 +78,9 @@ class ControlPlane:
         side_interval_s = min(settings.reconcile_interval_s, 1.0)
         supervisor = JobSupervisor(job_service, interval_s=side_interval_s)
         job_service.wake = supervisor.wake
+        serving = ServingService(clusters, ModelCatalog(db, settings.outbound))
+        applier = DeploymentApplier(serving, interval_s=side_interval_s)
+        serving.wake = applier.wake
         return cls(
             settings=settings,
             store=db,
@@ -86,15 +90,17 @@ class ControlPlane:
             reconciler=reconciler,
             clusters=clusters,
             jobs=job_service,
-            serving=ServingService(clusters, ModelCatalog(db, settings.outbound)),
+            serving=serving,
             spaces=SpaceService(clusters, settings.home),
             supervisor=supervisor,
+            deployments=applier,
             hangs=HangCollector(db, job_service, interval_s=side_interval_s, outbound=settings.outbound),
         )
 
     def start(self) -> None:
-        """The loops: the reconciler, the job supervisor and the hang collector."""
+        """The loops: the reconciler, the job supervisor, the deployment applier and the hang collector."""
         self.supervisor.start()
+        self.deployments.start()
         self.hangs.start()
         self.reconciler.start()
 
@@ -102,6 +108,7 @@ class ControlPlane:
         """Stop the loops, then close the backend and the store."""
         self.hangs.stop()
         self.supervisor.stop()
+        self.deployments.stop()
         self.reconciler.stop()
         self.backend.close()
         self.store.close()

@@ -10,7 +10,9 @@ the cluster's own port and the application; its status is Serve's own, read from
 from __future__ import annotations
 
 import builtins
+import logging
 import secrets
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,10 +22,13 @@ from raypod.backends import base, ray_jobs
 from raypod.backends.kuberay import manifests
 from raypod.controlplane import identity, service, store
 from raypod.controlplane.jobs.supervisor import INTERNAL_JOB
+from raypod.controlplane.periodic import Periodic
 from raypod.controlplane.store.models import CatalogStore, DeploymentStore
 from raypod.serving import catalog
 from raypod.serving.deploy import encode
 from raypod.serving.settings import DeployRequest, ServeSettings
+
+log = logging.getLogger(__name__)
 
 LOG_TAIL_CHARS = 1500
 RAYSERVICE = "rayservice/"  # a deployment's deploy_job when a RayService runs it: "rayservice/<its name>"
@@ -113,6 +118,8 @@ class ServingService:
         self.clusters = clusters
         self.models = models
         self.records = DeploymentStore(clusters.store.engine)
+        # Starts the applier's next pass at once; the control plane sets it to the applier's own.
+        self.wake: Callable[[], None] = lambda: None
 
     def node_visibility_warnings(self, entry: catalog.ModelEntry) -> builtins.list[str]:
         """What would refuse deploying ``entry`` on any cluster: a directory that sandboxed nodes do not see."""
@@ -128,9 +135,90 @@ class ServingService:
     def deploy(
         self, caller: identity.Principal, namespace: str, cluster: str, spec: spec_mod.ServeDeploySpec
     ) -> state.DeploymentView:
-        """Raises NotFound (cluster, model), Forbidden, InvalidSpec (does not fit, corrupt source), Conflict (no
-        dashboard yet), TransientError."""
+        """Store the deployment (NOT_STARTED); the deployment applier checks the model's files and submits it on
+        its next pass, which this starts at once. What can be told at once is refused here.
+
+        Raises:
+            NotFound (cluster, model), Forbidden, InvalidSpec (does not fit, files the nodes cannot read, no L2),
+            Conflict (no dashboard or Serve endpoint yet)."""
         view = self.clusters.get(caller, namespace, cluster, identity.Verb.OPERATE)
+        entry = self.models.get(spec.model)
+        engine, _ = _fit(view.spec, entry, spec)
+        self._check_reachable(view)
+        self._check_visible(view, entry, cluster)
+        if spec.kv_cache and spec.l2 is None and base.Feature.KV_STORE not in self.clusters.backend.features:
+            raise errors.InvalidSpec("raypod runs no Redis on this backend: give the KV cache an L2 address")
+        name = spec.app_name()
+        record = {
+            "cluster_uid": view.uid,
+            "name": name,
+            "namespace": namespace,
+            "cluster": cluster,
+            "model": entry.id,
+            "owner": caller.user,
+            "spec": spec.model_dump_json(),
+            "engine": engine,
+            "deploy_job": "",
+            "created_at": store.now(),
+            "failure": None,
+            "delete_requested": False,
+        }
+        self.records.save(view.uid, name, {k: v for k, v in record.items() if k not in ("cluster_uid", "name")})
+        self.wake()
+        return self._observed(view, record, None)
+
+    def list(self, caller: identity.Principal, namespace: str, cluster: str) -> builtins.list[state.DeploymentView]:
+        view = self.clusters.get(caller, namespace, cluster)
+        records = self._records(view.uid)
+        if not records:  # no need to ask the dashboard (the console asks every few seconds)
+            return []
+        serve = self._serve_status(view) if any(_on_cluster(r) for r in records) else None
+        return [self._observed(view, record, serve) for record in records]
+
+    def get(self, caller: identity.Principal, namespace: str, cluster: str, name: str) -> state.DeploymentView:
+        view = self.clusters.get(caller, namespace, cluster)
+        for record in self._records(view.uid, name):
+            return self._observed(view, record, self._serve_status(view) if _on_cluster(record) else None)
+        raise errors.NotFound(f"no model deployment '{name[:64]}' on cluster {namespace}/{cluster}")
+
+    def delete(self, caller: identity.Principal, namespace: str, cluster: str, name: str) -> state.DeploymentView:
+        """Ask for the deployment to go: the applier removes it from Serve (a RayService: deletes it) and forgets
+        it on its next pass, which this starts at once."""
+        deployment = self.get(caller, namespace, cluster, name)
+        view = self.clusters.get(caller, namespace, cluster, identity.Verb.OPERATE)
+        self.records.request_delete(view.uid, name)
+        self.wake()
+        return deployment.model_copy(update={"status": "DELETING"})
+
+    def apply_pending(self) -> None:
+        """The deployment applier's pass: submit what was asked for, remove what was deleted. A cluster not ready
+        (no dashboard, a transient error) is tried again next pass; anything else fails the deployment with why."""
+        for record in self.records.pending():
+            uid, name = record["cluster_uid"], record["name"]
+            try:
+                view = self.clusters.store.get(record["namespace"], record["cluster"])
+            except errors.NotFound:
+                view = None
+            if view is None or view.uid != uid:  # its cluster is gone
+                self.records.delete(uid, name)
+                continue
+            try:
+                if record["delete_requested"]:
+                    self._undeploy(view, record)
+                else:
+                    self.records.applied(record, {"deploy_job": self._apply(view, record)})
+            except (errors.TransientError, errors.Conflict) as exc:
+                log.info("deployment %s of %s/%s waits: %s", name, view.spec.namespace, view.spec.name, exc.message)
+            except errors.RaypodError as exc:
+                if record["delete_requested"]:
+                    log.warning("deployment %s: cannot remove it yet: %s", name, exc.message)
+                else:
+                    self.records.applied(record, {"failure": exc.message[:LOG_TAIL_CHARS]})
+
+    def _apply(self, view: state.ClusterView, record: dict[str, Any]) -> str:
+        """Check the model's files (sizes and checksums: slow for large models), start the KV cache's store if
+        raypod runs it, and submit the deployment; returns its ``deploy_job``."""
+        spec = spec_mod.ServeDeploySpec.model_validate_json(record["spec"])
         entry = self.models.get(spec.model)
         engine, l1_bytes = _fit(view.spec, entry, spec)
         runner = self._runner()
@@ -140,13 +228,7 @@ class ServingService:
             catalog.verify(entry)
         except catalog.CatalogError as exc:
             raise errors.InvalidSpec(f"cannot deploy: {exc}") from None
-        local_path = catalog.local_path(entry.source)
-        hidden = local_path and self.clusters.backend.hidden_from_nodes(view.uid, local_path)
-        if hidden:
-            raise errors.InvalidSpec(
-                f"cannot deploy: model {entry.id} is read from {local_path}, which the nodes of cluster {cluster} "
-                f"cannot read ({hidden}): add it from another directory, or from S3"
-            )
+        self._check_visible(view, entry, view.spec.name)
         settings = ServeSettings(
             entry=entry,
             kv_cache=spec.kv_cache,
@@ -158,68 +240,45 @@ class ServingService:
             settings.l2_url_file = self.clusters.backend.kv_store(view.uid, spec.l2_bytes)
         elif spec.kv_cache and spec.l2 != "none":
             settings.l2_url = spec.l2
-        name = spec.app_name()
         request = DeployRequest(
-            action="deploy", name=name, http_port=port, engine=engine, settings=settings, options=_options(spec, entry)
+            action="deploy",
+            name=record["name"],
+            http_port=port,
+            engine=engine,
+            settings=settings,
+            options=_options(spec, entry),
         )
         if runner is not None:
-            manifest = manifests.rayservice(view.spec, name, request.model_dump(mode="json"), kueue=runner.kueue)
+            body = request.model_dump(mode="json")
+            manifest = manifests.rayservice(view.spec, record["name"], body, kueue=runner.kueue)
             runner.apply_rayservice(view.uid, manifest)
-            submission = RAYSERVICE + manifest["metadata"]["name"]
-        else:
-            assert api is not None
-            submission = self._submit(api, request)
-        deployment = state.DeploymentView(
-            name=name,
-            namespace=namespace,
-            cluster=cluster,
-            model=entry.id,
-            owner=caller.user,
-            spec=spec,
-            created_at=store.now(),
-            engine=engine,
-            openai_base_url=f"/clusters/{namespace}/{cluster}/serve/{name}/v1",
-            deploy_job=submission,
-        )
-        values = {
-            "namespace": namespace,
-            "cluster": cluster,
-            "model": entry.id,
-            "owner": caller.user,
-            "spec": spec.model_dump_json(),
-            "engine": engine,
-            "deploy_job": submission,
-            "created_at": deployment.created_at,
-        }
-        self.records.save(view.uid, name, values)
-        return deployment
+            return RAYSERVICE + str(manifest["metadata"]["name"])
+        assert api is not None
+        return self._submit(api, request)
 
-    def list(self, caller: identity.Principal, namespace: str, cluster: str) -> builtins.list[state.DeploymentView]:
-        view = self.clusters.get(caller, namespace, cluster)
-        records = self._records(view.uid)
-        if not records:  # no need to ask the dashboard (the console asks every few seconds)
-            return []
-        on_cluster = any(not r["deploy_job"].startswith(RAYSERVICE) for r in records)
-        serve = self._serve_status(view) if on_cluster else None
-        return [self._observed(view, record, serve) for record in records]
-
-    def get(self, caller: identity.Principal, namespace: str, cluster: str, name: str) -> state.DeploymentView:
-        view = self.clusters.get(caller, namespace, cluster)
-        for record in self._records(view.uid, name):
-            on_cluster = not record["deploy_job"].startswith(RAYSERVICE)
-            return self._observed(view, record, self._serve_status(view) if on_cluster else None)
-        raise errors.NotFound(f"no model deployment '{name[:64]}' on cluster {namespace}/{cluster}")
-
-    def delete(self, caller: identity.Principal, namespace: str, cluster: str, name: str) -> state.DeploymentView:
-        deployment = self.get(caller, namespace, cluster, name)
-        view = self.clusters.get(caller, namespace, cluster, identity.Verb.OPERATE)
+    def _undeploy(self, view: state.ClusterView, record: dict[str, Any]) -> None:
+        submitted: str = record["deploy_job"]
         runner = self._runner()
-        if deployment.deploy_job.startswith(RAYSERVICE) and runner is not None:
-            runner.delete_rayservice(namespace, deployment.deploy_job.removeprefix(RAYSERVICE))
-        else:
-            self._submit(self._api(view), DeployRequest(action="delete", name=name))
-        self.records.delete(view.uid, name)
-        return deployment.model_copy(update={"status": "DELETING"})
+        if submitted.startswith(RAYSERVICE) and runner is not None:
+            runner.delete_rayservice(view.spec.namespace, submitted.removeprefix(RAYSERVICE))
+        elif submitted:
+            self._submit(self._api(view), DeployRequest(action="delete", name=record["name"]))
+        self.records.delete(view.uid, record["name"])
+
+    def _check_reachable(self, view: state.ClusterView) -> None:
+        """Raises Conflict while the cluster cannot take a deployment: no dashboard, no Serve endpoint."""
+        if self._runner() is None:
+            self._api(view)
+            _port(view.status.endpoints.get("serve"))
+
+    def _check_visible(self, view: state.ClusterView, entry: catalog.ModelEntry, cluster: str) -> None:
+        local_path = catalog.local_path(entry.source)
+        hidden = local_path and self.clusters.backend.hidden_from_nodes(view.uid, local_path)
+        if hidden:
+            raise errors.InvalidSpec(
+                f"cannot deploy: model {entry.id} is read from {local_path}, which the nodes of cluster {cluster} "
+                f"cannot read ({hidden}): add it from another directory, or from S3"
+            )
 
     # -- internals ---------------------------------------------------------------------------------------
 
@@ -271,6 +330,15 @@ class ServingService:
             openai_base_url=f"/clusters/{record['namespace']}/{record['cluster']}/serve/{name}/v1",
             deploy_job=record["deploy_job"],
         )
+        if record.get("delete_requested"):
+            deployment.status, deployment.message = "DELETING", "raypod is removing it from Serve"
+            return deployment
+        if record.get("failure"):
+            deployment.status, deployment.message = "DEPLOY_FAILED", str(record["failure"])
+            return deployment
+        if not deployment.deploy_job:
+            deployment.status, deployment.message = "NOT_STARTED", "raypod checks the model's files, then submits it"
+            return deployment
         if deployment.deploy_job.startswith(RAYSERVICE):
             return self._from_rayservice(deployment)
         if serve is None:
@@ -334,6 +402,12 @@ class ServingService:
         except (errors.TransientError, errors.Conflict, errors.InvalidSpec, errors.NotFound):
             deployment.status, deployment.message = "UNKNOWN", "the deploy job cannot be read"
         return deployment
+
+
+def _on_cluster(record: dict[str, Any]) -> bool:
+    """Whether the deployment was submitted to the cluster's own Serve (not a RayService, not yet, not deleting)."""
+    job = str(record["deploy_job"])
+    return bool(job) and not job.startswith(RAYSERVICE) and not record.get("delete_requested")
 
 
 def _fit(cluster: spec_mod.ClusterSpec, entry: catalog.ModelEntry, spec: spec_mod.ServeDeploySpec) -> tuple[str, int]:
@@ -409,3 +483,17 @@ def _last_error(logs: str) -> str:
         if "Error" in line or "Exception" in line or "failed" in line.lower():
             return line.strip()[:LOG_TAIL_CHARS]
     return "\n".join(lines[-3:])[:LOG_TAIL_CHARS]
+
+
+class DeploymentApplier(Periodic):
+    """A thread that applies stored deployments (``ServingService.apply_pending``) every ``interval_s``: the one
+    place a deployment reaches a cluster, so no request thread checksums a model or starts a process."""
+
+    thread_name = "raypod-deployments"
+
+    def __init__(self, serving: ServingService, interval_s: float = 1.0) -> None:
+        super().__init__(interval_s)
+        self.serving = serving
+
+    def run_once(self) -> None:
+        self.serving.apply_pending()

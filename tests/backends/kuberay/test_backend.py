@@ -368,7 +368,14 @@ def test_a_job_as_a_rayjob_through_the_api_is_followed_to_its_end(
         uploaded = {**body, "runtime_env": {"working_dir": "gcs://_ray_pkg_abc.zip"}}
         assert api.post("/api/v1/namespaces/default/clusters/demo/jobs", json=uploaded).status_code == 422
         job = api.post("/api/v1/namespaces/default/clusters/demo/jobs", json=body).json()
-        [rayjob] = emulator.custom.list_namespaced_custom_object("ray.io", "v1", "default", "rayjobs")["items"]
+
+        def rayjobs() -> list[Any]:
+            return list(emulator.custom.list_namespaced_custom_object("ray.io", "v1", "default", "rayjobs")["items"])
+
+        deadline = time.monotonic() + 10  # the job supervisor submits it
+        while not rayjobs() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [rayjob] = rayjobs()
         assert rayjob["metadata"]["name"] == job["id"]
         assert rayjob["spec"]["backoffLimit"] == 3 and rayjob["spec"]["shutdownAfterJobFinishes"] is True
         shaped = {**manifests.raycluster(SPEC)["spec"], "authOptions": {"mode": "token"}}
@@ -410,8 +417,16 @@ def test_a_model_deployment_is_a_rayservice_followed_to_running_and_routed_by_th
         managed = api.post(url, json={"model": "tiny", "name": "chat"})  # raypod's own Redis as L2
         assert managed.status_code == 422 and "give the KV cache an L2 address" in managed.json()["message"]
         deployed = api.post(url, json={"model": "tiny", "name": "chat", "replicas": 2, "l2": "redis://kv:6379/0"})
-        assert deployed.status_code in (200, 201, 202), deployed.text
-        [rayservice] = emulator.custom.list_namespaced_custom_object("ray.io", "v1", "default", "rayservices")["items"]
+        assert deployed.status_code == 202, deployed.text
+
+        def rayservices() -> list[Any]:
+            found = emulator.custom.list_namespaced_custom_object("ray.io", "v1", "default", "rayservices")
+            return list(found["items"])
+
+        deadline = time.monotonic() + 10  # the deployment applier applies it
+        while not rayservices() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [rayservice] = rayservices()
         assert rayservice["metadata"]["name"] == "demo-chat"
         [app] = yaml.safe_load(rayservice["spec"]["serveConfigV2"])["applications"]
         assert app["import_path"] == "raypod.serving.deploy:build" and app["route_prefix"] == "/chat"
@@ -439,8 +454,11 @@ def test_a_model_deployment_is_a_rayservice_followed_to_running_and_routed_by_th
         assert backend.serve_endpoints(uid) == {"chat": f"{emulator.api.configuration.host}{proxy}"}, (
             "the gateway sends /serve/chat/ to the RayService's own Serve proxy"
         )
-        assert api.delete(f"{url}/chat").status_code in (200, 202)
-        assert not emulator.custom.list_namespaced_custom_object("ray.io", "v1", "default", "rayservices")["items"]
+        assert api.delete(f"{url}/chat").status_code == 202
+        deadline = time.monotonic() + 10
+        while rayservices() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not rayservices()
 
 
 def fail_pod(emulator: Emulator, name: str) -> None:

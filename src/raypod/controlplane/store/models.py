@@ -62,6 +62,35 @@ class DeploymentStore:
         with self.engine.connect() as connection:
             return [dict(row._mapping) for row in connection.execute(query)]
 
+    def pending(self) -> builtins.list[dict[str, Any]]:
+        """Deployments the applier has work for: not yet submitted (nor failed), or asked to be deleted."""
+        table = schema.deployments
+        unsubmitted = sa.and_(table.c.deploy_job == "", table.c.failure.is_(None))
+        query = sa.select(table).where(sa.or_(unsubmitted, table.c.delete_requested)).order_by(table.c.created_at)
+        with self.engine.connect() as connection:
+            return [dict(row._mapping) for row in connection.execute(query)]
+
+    def applied(self, record: dict[str, Any], values: dict[str, Any]) -> None:
+        """Write what applying ``record`` gave (its submission, or why it failed), unless the deployment was
+        asked for again meanwhile (a newer ``created_at``): that one is applied on the next pass."""
+        table = schema.deployments
+        where = sa.and_(
+            table.c.cluster_uid == record["cluster_uid"],
+            table.c.name == record["name"],
+            table.c.created_at == record["created_at"],
+        )
+        with self.engine.begin() as connection:
+            connection.execute(table.update().where(where).values(**values))
+
+    def request_delete(self, cluster_uid: str, name: str) -> None:
+        table = schema.deployments
+        with self.engine.begin() as connection:
+            connection.execute(
+                table.update()
+                .where(table.c.cluster_uid == cluster_uid, table.c.name == name)
+                .values(delete_requested=True)
+            )
+
     def delete(self, cluster_uid: str, name: str) -> None:
         table = schema.deployments
         with self.engine.begin() as connection:

@@ -181,6 +181,9 @@ deployments = sa.Table(
     sa.Column("owner", sa.String(63), nullable=False),
     sa.Column("spec", sa.Text, nullable=False),
     sa.Column("engine", sa.String(8), nullable=False),
+    # Empty until the deployment applier submits it (migration 0013 added the two columns after it).
     sa.Column("deploy_job", sa.String(64), nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("failure", sa.Text, nullable=True),  # why the applier could not submit it
+    sa.Column("delete_requested", sa.Boolean, nullable=False, server_default=sa.false()),
 )
