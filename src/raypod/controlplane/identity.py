@@ -84,6 +84,19 @@ def authorize(
     raise errors.Forbidden(f"user '{principal.user}' may not {verb.value} namespace '{namespace}'")
 
 
+def authorize_hidden(
+    principal: Principal, verb: Verb, namespace: str, namespace_team: str | None, owner: str | None, not_found: str
+) -> None:
+    """``authorize`` for a thing outsiders may not learn exists: a caller who may not view its namespace gets
+    ``NotFound(not_found)``, the answer for one that does not exist; pure.
+
+    Raises:
+        NotFound, Forbidden (may view, may not ``verb``)."""
+    if not principal.is_admin and (namespace_team is None or namespace_team not in principal.teams):
+        raise errors.NotFound(not_found)
+    authorize(principal, verb, namespace, namespace_team, owner)
+
+
 def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 

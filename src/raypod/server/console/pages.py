@@ -20,13 +20,12 @@ import raypod
 from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.backends.kuberay import manifests
-from raypod.controlplane import governance, hangs, identity, jobs, service, store
+from raypod.controlplane import identity, store
+from raypod.controlplane.plane import ControlPlane
 from raypod.server import auth
 from raypod.server.console import views
 from raypod.server.routes.clusters import NamePath
 from raypod.server.routes.jobs import JobIdPath
-from raypod.server.routes.serving import serving_service
-from raypod.server.routes.spaces import space_service
 
 STATIC_DIR = Path(__file__).parent / "static"
 TEMPLATES = jinja2.Environment(
@@ -126,14 +125,9 @@ class _PageRoute(APIRoute):
 router = APIRouter(include_in_schema=False, route_class=_PageRoute)
 
 
-def _clusters(request: Request) -> service.ClusterService:
-    svc: service.ClusterService = request.app.state.clusters
-    return svc
-
-
-def _jobs(request: Request) -> jobs.JobService:
-    svc: jobs.JobService = request.app.state.jobs
-    return svc
+def _plane(request: Request) -> ControlPlane:
+    plane: ControlPlane = request.app.state.control_plane
+    return plane
 
 
 def _name_filter(value: str | None) -> str | None:
@@ -160,7 +154,7 @@ def clusters_page(request: Request, namespace: FilterQuery = None) -> Response:
     principal = _viewer(request)
     namespace = _name_filter(namespace)
     now = store.now()
-    rows = [views.ClusterRow.of(view, now) for view in _clusters(request).list(principal, namespace)]
+    rows = [views.ClusterRow.of(view, now) for view in _plane(request).clusters.list(principal, namespace)]
     return _render(
         request,
         principal,
@@ -182,7 +176,9 @@ def new_cluster_page(request: Request) -> Response:
         namespaces=_namespaces(request, principal),
         ray_version=spec_mod.DEFAULT_RAY_VERSION,
         priorities=sorted(
-            _governance(request).priority_classes, key=_governance(request).priority_classes.__getitem__, reverse=True
+            _plane(request).governance.priority_classes,
+            key=_plane(request).governance.priority_classes.__getitem__,
+            reverse=True,
         ),
     )
 
@@ -190,11 +186,11 @@ def new_cluster_page(request: Request) -> Response:
 @router.get("/namespaces/{namespace}/clusters/{name}")
 def cluster_page(request: Request, namespace: NamePath, name: NamePath) -> Response:
     principal = _viewer(request)
-    view = _clusters(request).get(principal, namespace, name)
-    events = _clusters(request).events(principal, namespace, name, EVENTS_SHOWN)
-    cluster_jobs = _jobs(request).list(principal, namespace, name)
-    deployments = serving_service(request).list(principal, namespace, name)
-    spaces = [space for space in space_service(request).list(principal, namespace) if space.cluster == name]
+    view = _plane(request).clusters.get(principal, namespace, name)
+    events = _plane(request).clusters.events(principal, namespace, name, EVENTS_SHOWN)
+    cluster_jobs = _plane(request).jobs.list(principal, namespace, name)
+    deployments = _plane(request).serving.list(principal, namespace, name)
+    spaces = [space for space in _plane(request).spaces.list(principal, namespace) if space.cluster == name]
     return _render(
         request,
         principal,
@@ -203,7 +199,7 @@ def cluster_page(request: Request, namespace: NamePath, name: NamePath) -> Respo
         view=view,
         spaces=spaces,
         deployments=deployments,
-        models=[entry.id for entry in serving_service(request).models.list()],
+        models=[entry.id for entry in _plane(request).serving.models.list()],
         nodes=views.node_rows(view),
         events=list(reversed(events)),
         jobs=list(reversed(cluster_jobs)),
@@ -218,7 +214,7 @@ def cluster_page(request: Request, namespace: NamePath, name: NamePath) -> Respo
 @router.get("/namespaces/{namespace}/clusters/{name}/jobs/new")
 def new_job_page(request: Request, namespace: NamePath, name: NamePath) -> Response:
     principal = _viewer(request)
-    view = _clusters(request).get(principal, namespace, name)
+    view = _plane(request).clusters.get(principal, namespace, name)
     return _render(
         request,
         principal,
@@ -228,16 +224,11 @@ def new_job_page(request: Request, namespace: NamePath, name: NamePath) -> Respo
     )
 
 
-def _training(request: Request) -> hangs.HangCollector:
-    collector: hangs.HangCollector = request.app.state.hangs
-    return collector
-
-
 def _training_of(request: Request, job: state.JobView) -> tuple[list[state.RunProgress], list[state.HangDetection]]:
     """The job's live Ray Train runs (per rank) and its hang detections, newest first."""
-    collector = _training(request)
+    collector = _plane(request).hangs
     try:
-        uid = _clusters(request).store.get(job.namespace, job.cluster).uid
+        uid = _plane(request).clusters.store.get(job.namespace, job.cluster).uid
     except errors.NotFound:
         return [], []
     runs = [run for run in collector.runs(uid) if run.job == job.id]
@@ -249,7 +240,7 @@ def job_page(
     request: Request, job_id: JobIdPath, attempt: Annotated[int | None, Query(ge=1, le=100)] = None
 ) -> Response:
     principal = _viewer(request)
-    job = _jobs(request).get(principal, job_id)
+    job = _plane(request).jobs.get(principal, job_id)
     shown = attempt if attempt is not None and attempt <= len(job.attempts) else len(job.attempts)
     runs, hung = _training_of(request, job)
     return _render(
@@ -269,18 +260,13 @@ def job_page(
     )
 
 
-def _governance(request: Request) -> governance.GovernanceService:
-    svc: governance.GovernanceService = request.app.state.governance
-    return svc
-
-
 @router.get("/quotas")
 def quotas_page(request: Request) -> Response:
     """Teams' quotas with what their clusters hold, and the queue in the order it will be admitted; team admins
     set their teams' quotas here."""
     principal = _viewer(request)
     ids: identity.IdentityService = request.app.state.identities
-    svc = _governance(request)
+    svc = _plane(request).governance
     teams = [t for t in ids.list_teams() if principal.is_admin or principal.teams.get(t) is state.Role.ADMIN]
     return _render(
         request,
@@ -315,7 +301,7 @@ def events_page(
         type=chosen_kind,
         text=text or None,
     )
-    found = _clusters(request).search_events(principal, where, limit=200)
+    found = _plane(request).clusters.search_events(principal, where, limit=200)
     return _render(
         request,
         principal,

@@ -107,35 +107,29 @@ def check_names(namespace: str, name: str) -> None:
 async def resolve(
     request_state: object, principal: identity.Principal, namespace: str, name: str, verb: identity.Verb
 ) -> Route:
-    """Authorize, then look up: a caller who may not view the namespace gets exactly the answer of a cluster
-    that does not exist there, and no names.
+    """The gateway's one question for a request: may ``principal`` ``verb`` this cluster? A caller who may not
+    view the namespace gets exactly the answer of a cluster that does not exist, and no names; the store is not
+    asked about its clusters for such a caller (the first check, only where the route is not cached).
 
     Raises:
         NotFound, Forbidden (may view but not operate), Conflict (no dashboard yet).
     """
     check_names(namespace, name)
+    missing = not_found(namespace, name)
     cache: RouteCache = request_state.gateway_routes  # type: ignore[attr-defined]
-    resolved = cache.cached(namespace, name)
-    if resolved is None:
+    route = cache.cached(namespace, name)
+    if route is None:
         ids: identity.IdentityService = request_state.identities  # type: ignore[attr-defined]
         team = await run_in_threadpool(ids.namespace_team, namespace)
+        identity.authorize_hidden(principal, identity.Verb.VIEW, namespace, team, None, missing)
         try:
-            identity.authorize(principal, identity.Verb.VIEW, namespace, team)
-        except errors.Forbidden:
-            raise errors.NotFound(not_found(namespace, name)) from None
-        try:
-            resolved = await run_in_threadpool(cache.lookup, namespace, name)
+            route = await run_in_threadpool(cache.lookup, namespace, name)
         except errors.NotFound:
-            raise errors.NotFound(not_found(namespace, name)) from None
-    try:
-        identity.authorize(principal, identity.Verb.VIEW, namespace, resolved.team)
-    except errors.Forbidden:
-        raise errors.NotFound(not_found(namespace, name)) from None
-    if verb is not identity.Verb.VIEW:
-        identity.authorize(principal, verb, namespace, resolved.team, resolved.owner)
-    if resolved.dashboard is None:
-        raise errors.Conflict(f"cluster {namespace}/{name} has no running dashboard yet ({resolved.message})")
-    return resolved
+            raise errors.NotFound(missing) from None
+    identity.authorize_hidden(principal, verb, namespace, route.team, route.owner, missing)
+    if route.dashboard is None:
+        raise errors.Conflict(f"cluster {namespace}/{name} has no running dashboard yet ({route.message})")
+    return route
 
 
 def not_found(namespace: str, name: str) -> str:

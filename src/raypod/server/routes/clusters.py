@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from raypod import spec as spec_mod
@@ -12,6 +12,7 @@ from raypod import state
 from raypod.backends.kuberay import manifests
 from raypod.controlplane import service, store
 from raypod.server.auth import Caller
+from raypod.server.routes import part
 
 router = APIRouter(prefix="/api/v1", tags=["clusters"])
 
@@ -25,12 +26,7 @@ class ScaleRequest(BaseModel):
     replicas: int = Field(ge=0, le=spec_mod.MAX_REPLICAS)
 
 
-def cluster_service(request: Request) -> service.ClusterService:
-    svc: service.ClusterService = request.app.state.clusters
-    return svc
-
-
-Service = Annotated[service.ClusterService, Depends(cluster_service)]
+Service = Annotated[service.ClusterService, part("clusters")]
 
 
 # A page's continue token: the last item's "namespace/name" (both DNS labels, so the slash is unambiguous).

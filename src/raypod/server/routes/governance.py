@@ -4,24 +4,20 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Request, Response
+from fastapi import APIRouter, Path, Response
 
 from raypod import spec as spec_mod
 from raypod import state
 from raypod.controlplane import governance
 from raypod.server.auth import Caller
+from raypod.server.routes import part
 
 router = APIRouter(prefix="/api/v1", tags=["governance"])
 
 TeamPath = Annotated[str, Path(pattern=spec_mod.DNS1123_LABEL.pattern, max_length=63)]  # a team or namespace
 
 
-def governance_service(request: Request) -> governance.GovernanceService:
-    svc: governance.GovernanceService = request.app.state.governance
-    return svc
-
-
-Service = Annotated[governance.GovernanceService, Depends(governance_service)]
+Service = Annotated[governance.GovernanceService, part("governance")]
 
 
 @router.get("/quotas")

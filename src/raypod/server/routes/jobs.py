@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile as StarletteUpload
 from starlette.formparsers import MultiPartException
@@ -13,6 +13,7 @@ from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.controlplane import capacity, hangs, identity, jobs
 from raypod.server.auth import Caller
+from raypod.server.routes import part
 from raypod.server.routes.clusters import NamePath
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
@@ -20,12 +21,7 @@ router = APIRouter(prefix="/api/v1", tags=["jobs"])
 JobIdPath = Annotated[str, Path(pattern=r"^(rj-[0-9a-f]{10}|raysubmit_[A-Za-z0-9]{1,64})$")]
 
 
-def job_service(request: Request) -> jobs.JobService:
-    svc: jobs.JobService = request.app.state.jobs
-    return svc
-
-
-Service = Annotated[jobs.JobService, Depends(job_service)]
+Service = Annotated[jobs.JobService, part("jobs")]
 
 
 UPLOAD_BODY = {
@@ -93,12 +89,7 @@ def list_jobs(caller: Caller, namespace: NamePath, name: NamePath, svc: Service)
     return svc.list(caller, namespace, name)
 
 
-def hang_collector(request: Request) -> hangs.HangCollector:
-    collector: hangs.HangCollector = request.app.state.hangs
-    return collector
-
-
-Hangs = Annotated[hangs.HangCollector, Depends(hang_collector)]
+Hangs = Annotated[hangs.HangCollector, part("hangs")]
 
 
 @router.get("/namespaces/{namespace}/clusters/{name}/hangs")

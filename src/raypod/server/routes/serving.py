@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query
 
 from raypod import spec as spec_mod
 from raypod import state
 from raypod.controlplane import serving
 from raypod.server.auth import Caller
+from raypod.server.routes import part
 from raypod.server.routes.clusters import NamePath
 from raypod.serving import catalog
 
@@ -18,12 +19,7 @@ router = APIRouter(prefix="/api/v1", tags=["serving"])
 ModelIdPath = Annotated[str, Path(pattern=catalog.MODEL_ID.pattern, max_length=129)]
 
 
-def serving_service(request: Request) -> serving.ServingService:
-    svc: serving.ServingService = request.app.state.serving
-    return svc
-
-
-Service = Annotated[serving.ServingService, Depends(serving_service)]
+Service = Annotated[serving.ServingService, part("serving")]
 
 
 @router.get("/models")

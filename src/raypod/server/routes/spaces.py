@@ -4,24 +4,20 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from raypod import spec as spec_mod
 from raypod import state
 from raypod.controlplane import spaces
 from raypod.server.auth import Caller
+from raypod.server.routes import part
 from raypod.server.routes.clusters import NamePath
 
 router = APIRouter(prefix="/api/v1", tags=["spaces"])
 
 
-def space_service(request: Request) -> spaces.SpaceService:
-    svc: spaces.SpaceService = request.app.state.spaces
-    return svc
-
-
-Service = Annotated[spaces.SpaceService, Depends(space_service)]
+Service = Annotated[spaces.SpaceService, part("spaces")]
 
 
 class SpaceCreate(spec_mod.SpaceSpec):
