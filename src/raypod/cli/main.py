@@ -36,19 +36,23 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-app.add_typer(cluster.app, name="cluster")
-app.add_typer(job.app, name="job")
-app.add_typer(node.app, name="node")
-app.add_typer(model.app, name="model")
-app.add_typer(serve.app, name="serve")
-app.add_typer(space.app, name="space")
-app.add_typer(monitoring.app, name="monitoring")
-app.add_typer(quota.app, name="quota")
-app.add_typer(quota.queue_app, name="queue")
-app.add_typer(identities.token_app, name="token")
-app.add_typer(identities.user_app, name="user")
-app.add_typer(identities.team_app, name="team")
-app.add_typer(identities.namespace_app, name="namespace")
+NOUNS = {
+    "cluster": cluster.app,
+    "job": job.app,
+    "node": node.app,
+    "model": model.app,
+    "serve": serve.app,
+    "space": space.app,
+    "monitoring": monitoring.app,
+    "quota": quota.app,
+    "queue": quota.queue_app,
+    "token": identities.token_app,
+    "user": identities.user_app,
+    "team": identities.team_app,
+    "namespace": identities.namespace_app,
+}
+for noun, commands in NOUNS.items():
+    app.add_typer(commands, name=noun)
 
 SHUTDOWN_GRACE_S = 5  # seconds a stopping server gives open connections
 

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
-from rich.table import Table
 
 from raypod import errors
 from raypod.cli import cluster as cluster_cli
@@ -22,18 +21,8 @@ OutputOpt = Annotated[Format, typer.Option("--output", "-o", help="table, json o
 
 @app.command("list")
 def list_(fmt: OutputOpt = Format.TABLE) -> None:
-    found = cluster_cli.client().models.list()
-    if fmt is not Format.TABLE:
-        output.emit_data(found, fmt)
-        return
-    if not found:
-        output.console.print("No models. Add one with: raypod model add ID SOURCE (a directory, s3://..., org/name)")
-        return
-    table = Table(box=None, header_style="bold")
-    for column in ("ID", "ARCHITECTURE", "PARAMETERS", "DTYPE", "SIZE", "MEMORY/REPLICA", "CONTEXT", "SOURCE"):
-        table.add_column(column)
-    for entry in found:
-        table.add_row(
+    def cells(entry: catalog.ModelEntry) -> list[str]:
+        return [
             entry.id,
             entry.architecture,
             f"{entry.parameters / 1e6:.1f}M",
@@ -42,8 +31,11 @@ def list_(fmt: OutputOpt = Format.TABLE) -> None:
             _human(entry.memory_bytes),
             str(entry.max_context),
             entry.source,
-        )
-    output.console.print(table)
+        ]
+
+    columns = ("ID", "ARCHITECTURE", "PARAMETERS", "DTYPE", "SIZE", "MEMORY/REPLICA", "CONTEXT", "SOURCE")
+    empty = "No models. Add one with: raypod model add ID SOURCE (a directory, s3://..., org/name)"
+    output.emit_rows(cluster_cli.client().models.list(), fmt, columns, cells, empty)
 
 
 @app.command()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -62,6 +62,25 @@ def emit_data(data: Any, fmt: Format) -> None:
         print(json.dumps(data, indent=2))
 
 
+def emit_rows(
+    items: Sequence[T], fmt: Format, columns: Sequence[str], cells: Callable[[T], Sequence[str]], empty: str = ""
+) -> None:
+    """A list as JSON or YAML, or a table of ``columns`` (``cells`` gives an item's row); ``empty`` is said
+    instead of an empty table (how to make the first one)."""
+    if fmt is not Format.TABLE:
+        emit_data(list(items), fmt)
+        return
+    if not items and empty:
+        console.print(empty)
+        return
+    table = Table(box=None, header_style="bold")
+    for column in columns:
+        table.add_column(column)
+    for item in items:
+        table.add_row(*cells(item))
+    console.print(table)
+
+
 def _dump(item: BaseModel | list[Any]) -> Any:
     if isinstance(item, list):
         return [entry.model_dump(mode="json") for entry in item]
@@ -77,27 +96,19 @@ def dashboard_url(server: str, view: state.ClusterView) -> str:
 
 
 def render_clusters(views: list[state.ClusterView], fmt: Format, server: str = "") -> None:
-    if fmt is not Format.TABLE:
-        emit_data(_dump(views), fmt)
-        return
-    if not views:
-        console.print("No clusters. Create one with: raypod cluster create NAME --workers 2")
-        return
-    table = Table(box=None, header_style="bold")
-    for column in ("NAMESPACE", "NAME", "PHASE", "NODES", "WORKER GROUPS", "DASHBOARD", "AGE"):
-        table.add_column(column)
-    for view in views:
-        groups = ", ".join(f"{g.name}={g.replicas}" for g in view.spec.worker_groups) or "-"
-        table.add_row(
+    def cells(view: state.ClusterView) -> list[str]:
+        return [
             view.spec.namespace,
             view.spec.name,
             _phase(view),
             f"{view.status.ready_nodes}/{view.status.desired_nodes}",
-            groups,
+            ", ".join(f"{g.name}={g.replicas}" for g in view.spec.worker_groups) or "-",
             dashboard_url(server, view),
             _age(view),
-        )
-    console.print(table)
+        ]
+
+    columns = ("NAMESPACE", "NAME", "PHASE", "NODES", "WORKER GROUPS", "DASHBOARD", "AGE")
+    emit_rows(views, fmt, columns, cells, "No clusters. Create one with: raypod cluster create NAME --workers 2")
 
 
 def render_cluster(view: state.ClusterView, fmt: Format, server: str = "") -> None:
@@ -136,16 +147,11 @@ def render_cluster(view: state.ClusterView, fmt: Format, server: str = "") -> No
 
 
 def render_events(events: list[state.Event], fmt: Format) -> None:
-    if fmt is not Format.TABLE:
-        emit_data(_dump(events), fmt)
-        return
-    table = Table(box=None, header_style="bold")
-    for column in ("TIME", "TYPE", "REASON", "NODE", "MESSAGE"):
-        table.add_column(column)
-    for event in events:
+    def cells(event: state.Event) -> list[str]:
         kind = f"[yellow]{event.type.value}[/yellow]" if event.type is state.EventType.WARNING else event.type.value
-        table.add_row(event.time.strftime("%H:%M:%S"), kind, event.reason, event.node or "-", event.message)
-    console.print(table)
+        return [event.time.strftime("%H:%M:%S"), kind, event.reason, event.node or "-", event.message]
+
+    emit_rows(events, fmt, ("TIME", "TYPE", "REASON", "NODE", "MESSAGE"), cells)
 
 
 def _phase(view: state.ClusterView) -> str:

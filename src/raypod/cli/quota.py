@@ -6,7 +6,6 @@ from typing import Annotated, Any
 
 import typer
 import yaml
-from rich.table import Table
 
 from raypod import spec as spec_mod
 from raypod import state
@@ -80,35 +79,19 @@ def kueue_objects() -> None:
 @queue_app.command("list")
 def queue_list(fmt: OutputOpt = Format.TABLE) -> None:
     """What waits, in the order it will be admitted, and why."""
-    entries = cluster_cli.client().quotas.queue()
-    if fmt is not Format.TABLE:
-        output.emit_data(entries, fmt)
-        return
-    if not entries:
-        output.console.print("Nothing waits.")
-        return
-    table = Table(box=None, header_style="bold")
-    for column in ("#", "NAMESPACE", "CLUSTER", "TEAM", "PRIORITY", "WAITING BECAUSE"):
-        table.add_column(column)
-    for entry in entries:
+
+    def cells(entry: state.QueueEntry) -> list[str]:
         name = entry.name + (" (scale-up)" if entry.kind == "scale" else "")
-        table.add_row(str(entry.position), entry.namespace, name, entry.team, entry.priority, entry.reason)
-    output.console.print(table)
+        return [str(entry.position), entry.namespace, name, entry.team, entry.priority, entry.reason]
+
+    columns = ("#", "NAMESPACE", "CLUSTER", "TEAM", "PRIORITY", "WAITING BECAUSE")
+    output.emit_rows(cluster_cli.client().quotas.queue(), fmt, columns, cells, "Nothing waits.")
 
 
 def _render(views: list[state.QuotaView], fmt: Format) -> None:
-    if fmt is not Format.TABLE:
-        output.emit_data(views, fmt)
-        return
-    if not views:
-        output.console.print("No quotas. Set one with: raypod quota set TEAM --cpus 16 --memory 64Gi")
-        return
-    table = Table(box=None, header_style="bold")
-    for column in ("TEAM", "CPUS", "MEMORY", "GPUS", "CLUSTERS", "NODES", "POLICY", "QUEUED"):
-        table.add_column(column)
-    for view in views:
+    def cells(view: state.QuotaView) -> list[str]:
         quota = view.quota
-        table.add_row(
+        return [
             view.team if view.namespace is None else f"{view.team} (namespace {view.namespace})",
             _used(view.usage["cpus"], quota.cpus),
             _used(view.usage["memory"], quota.memory, memory=True),
@@ -117,8 +100,11 @@ def _render(views: list[state.QuotaView], fmt: Format) -> None:
             _used(view.usage["nodes"], quota.nodes),
             quota.policy.value + (" +borrow" if quota.borrow else ""),
             str(view.queued),
-        )
-    output.console.print(table)
+        ]
+
+    columns = ("TEAM", "CPUS", "MEMORY", "GPUS", "CLUSTERS", "NODES", "POLICY", "QUEUED")
+    empty = "No quotas. Set one with: raypod quota set TEAM --cpus 16 --memory 64Gi"
+    output.emit_rows(views, fmt, columns, cells, empty)
 
 
 def _used(value: float, limit: float | None, *, memory: bool = False) -> str:

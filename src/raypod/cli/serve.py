@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from raypod import errors, state
 from raypod import spec as spec_mod
@@ -72,29 +71,20 @@ def deploy(
 
 @app.command("list")
 def list_(cluster: ClusterOpt, namespace: NamespaceOpt = "default", fmt: OutputOpt = Format.TABLE) -> None:
-    found = cluster_cli.client().serving.list(cluster, namespace)
-    if fmt is not Format.TABLE:
-        output.emit_data(found, fmt)
-        return
-    if not found:
-        output.console.print(
-            f"No models on {namespace}/{cluster}. Deploy one with: raypod serve deploy MODEL -c {cluster}"
-        )
-        return
-    table = Table(box=None, header_style="bold")
-    for column in ("NAME", "MODEL", "STATUS", "REPLICAS", "ENGINE", "OPENAI BASE URL"):
-        table.add_column(column)
-    for deployment in found:
+    def cells(deployment: state.DeploymentView) -> list[str]:
         running = sum(r.state == "RUNNING" for r in deployment.replicas)
-        table.add_row(
+        return [
             deployment.name,
             deployment.model,
             deployment.status,
             f"{running}/{len(deployment.replicas)}",
             deployment.engine,
             deployment.openai_base_url,
-        )
-    output.console.print(table)
+        ]
+
+    columns = ("NAME", "MODEL", "STATUS", "REPLICAS", "ENGINE", "OPENAI BASE URL")
+    empty = f"No models on {namespace}/{cluster}. Deploy one with: raypod serve deploy MODEL -c {cluster}"
+    output.emit_rows(cluster_cli.client().serving.list(cluster, namespace), fmt, columns, cells, empty)
 
 
 @app.command()

@@ -6,7 +6,6 @@ import webbrowser
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from raypod import state
 from raypod.cli import cluster as cluster_cli
@@ -45,19 +44,12 @@ def create(
 def list_(
     namespace: Annotated[str | None, typer.Option("--namespace", "-n")] = None, fmt: OutputOpt = Format.TABLE
 ) -> None:
-    found = cluster_cli.client().spaces.list(namespace)
-    if fmt is not Format.TABLE:
-        output.emit_data(found, fmt)
-        return
-    if not found:
-        output.console.print("No workspaces. Create one with: raypod space create NAME -c CLUSTER")
-        return
-    table = Table(box=None, header_style="bold")
-    for column in ("NAME", "NAMESPACE", "CLUSTER", "KIND", "STATE", "OWNER", "URL"):
-        table.add_column(column)
-    for space in found:
-        table.add_row(space.name, space.namespace, space.cluster, space.kind, space.state, space.owner or "", space.url)
-    output.console.print(table)
+    def cells(space: state.SpaceView) -> list[str]:
+        return [space.name, space.namespace, space.cluster, space.kind, space.state, space.owner or "", space.url]
+
+    columns = ("NAME", "NAMESPACE", "CLUSTER", "KIND", "STATE", "OWNER", "URL")
+    empty = "No workspaces. Create one with: raypod space create NAME -c CLUSTER"
+    output.emit_rows(cluster_cli.client().spaces.list(namespace), fmt, columns, cells, empty)
 
 
 @app.command()

@@ -25,17 +25,15 @@ from raypod.backends import base
 from raypod.controlplane import identity, service
 from raypod.server import origins as origins_mod
 from raypod.server.gateway.forward import (
-    FORWARDED_REQUEST_HEADERS,
-    MAX_SUBMISSION_BYTES,
     METHODS,
     READ_METHODS,
-    ROUTE_TTL_S,
     WRITE_METHODS,
     browser_session,
     caller,
     enter_origin,
     forward,
     framing,
+    request_headers,
 )
 from raypod.server.gateway.sockets import (
     refuse,
@@ -44,6 +42,8 @@ from raypod.server.gateway.sockets import (
 )
 
 router = APIRouter(tags=["gateway"])
+MAX_SUBMISSION_BYTES = 1024 * 1024  # a Ray job submission's JSON (the package goes up separately)
+ROUTE_TTL_S = 2.0  # how long a cluster's route is kept (proxied requests come in bursts)
 SERVE_PREFIX = "serve/"  # /clusters/<ns>/<name>/serve/<app>/...: the cluster's Ray Serve HTTP proxy
 
 
@@ -144,18 +144,14 @@ async def cluster_root(request: Request, namespace: str, name: str) -> RedirectR
 
 
 def upstream_headers(request: Request, route: Route, prefix: str, length: int | None) -> list[tuple[str, str]]:
-    headers = [(k, v) for k, v in request.headers.items() if k.lower() in FORWARDED_REQUEST_HEADERS]
     client = request.client.host if request.client else ""
-    headers += [
+    forwarded = [
         ("X-Forwarded-For", client),
         ("X-Forwarded-Proto", request.url.scheme),
         ("X-Forwarded-Host", request.headers.get("host", "")),
         ("X-Forwarded-Prefix", prefix),
     ]
-    if request.method in WRITE_METHODS and length is not None:
-        headers.append(("Content-Length", str(length)))
-    headers.extend(route.headers.items())
-    return headers
+    return [*request_headers(request, length, forwarded), *route.headers.items()]
 
 
 async def proxy(request: Request) -> Response:

@@ -23,7 +23,6 @@ from raypod.controlplane import identity
 from raypod.server import auth
 from raypod.server import origins as origins_mod
 
-MAX_SUBMISSION_BYTES = 1024 * 1024  # a Ray job submission's JSON (the package goes up separately)
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -58,7 +57,6 @@ FORWARDED_REQUEST_HEADERS = frozenset(
         "user-agent",
     }
 )
-ROUTE_TTL_S = 2.0
 SMALL_BODY_BYTES = 256 * 1024  # answered in one piece; larger bodies stream
 # Every method the gateway proxies, each with the right it needs; only methods that need operate rights carry a
 # body upstream (a body on a read is refused: it could smuggle a second request onto a pooled connection).
@@ -76,6 +74,14 @@ async def caller(request: Request) -> identity.Principal:
         if cached is not None:
             return cached
     return await run_in_threadpool(auth.authenticate, request)
+
+
+def request_headers(request: Request, length: int | None, added: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """What goes upstream of a request's headers: the forwarded ones, ``added``, and the body's length."""
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() in FORWARDED_REQUEST_HEADERS] + added
+    if request.method in WRITE_METHODS and length is not None:
+        headers.append(("Content-Length", str(length)))
+    return headers
 
 
 def framing(request: Request) -> int | None:

@@ -14,22 +14,8 @@ from raypod import errors
 from raypod import spec as spec_mod
 from raypod.controlplane import identity, service, spaces
 from raypod.server import origins as origins_mod
+from raypod.server.gateway import forward, sockets
 from raypod.server.gateway.clusters import check_names
-from raypod.server.gateway.forward import (
-    FORWARDED_REQUEST_HEADERS,
-    METHODS,
-    WRITE_METHODS,
-    browser_session,
-    caller,
-    enter_origin,
-    forward,
-    framing,
-)
-from raypod.server.gateway.sockets import (
-    refuse,
-    relay_websocket,
-    websocket_caller,
-)
 
 router = APIRouter(tags=["gateway"])
 
@@ -74,25 +60,21 @@ async def resolve_space(
 
 
 def space_headers(request: Request, route: SpaceRoute, length: int | None) -> list[tuple[str, str]]:
-    headers = [(k, v) for k, v in request.headers.items() if k.lower() in FORWARDED_REQUEST_HEADERS]
-    headers.append(("Authorization", f"token {route.token}"))
-    if request.method in WRITE_METHODS and length is not None:
-        headers.append(("Content-Length", str(length)))
-    return headers
+    return forward.request_headers(request, length, [("Authorization", f"token {route.token}")])
 
 
 async def space_proxy(request: Request) -> Response:
     """Forward a request to a workspace's IDE, which serves under the same path (its base URL)."""
     params = request.path_params
     namespace, name = params["namespace"], params["name"]
-    if browser_session(request):
+    if forward.browser_session(request):
         target = origins_mod.Target("space", namespace, name)
 
         async def may_view(principal: identity.Principal) -> object:
             return await resolve_space(request.app.state, principal, namespace, name, ready=False)
 
-        return await enter_origin(request, target, request.url.path, may_view)
-    principal = await caller(request)
+        return await forward.enter_origin(request, target, request.url.path, may_view)
+    principal = await forward.caller(request)
     return await proxy_space(request, principal, namespace, name, own_origin=False)
 
 
@@ -100,11 +82,11 @@ async def proxy_space(
     request: Request, principal: identity.Principal, namespace: str, name: str, *, own_origin: bool
 ) -> Response:
     route = await resolve_space(request.app.state, principal, namespace, name)
-    length = framing(request)
+    length = forward.framing(request)
     url = f"{route.ide}{request.url.path}" + (f"?{request.url.query}" if request.url.query else "")
-    body: Any = request.stream() if request.method in WRITE_METHODS else None
+    body: Any = request.stream() if request.method in forward.WRITE_METHODS else None
     headers = space_headers(request, route, length)
-    return await forward(
+    return await forward.forward(
         request,
         url,
         headers,
@@ -119,20 +101,22 @@ async def proxy_space(
 @router.websocket("/spaces/{namespace}/{name}/{path:path}")
 async def space_websocket(websocket: WebSocket, namespace: str, name: str, path: str) -> None:
     """A workspace's websockets: kernels, terminals."""
-    principal = await websocket_caller(websocket)
+    principal = await sockets.websocket_caller(websocket)
     if principal is None:
         return
     try:
         route = await resolve_space(websocket.app.state, principal, namespace, name)
     except errors.RaypodError as exc:
-        await refuse(websocket, exc)
+        await sockets.refuse(websocket, exc)
         return
     assert route.ide is not None
     headers = {"Authorization": f"token {route.token}"}
     key = (principal.user, namespace, f"space/{name}")
-    await relay_websocket(
+    await sockets.relay_websocket(
         websocket, f"{route.ide}{websocket.url.path}", headers, f"workspace {namespace}/{name}", limit_key=key
     )
 
 
-space_http_route = starlette_routing.Route("/spaces/{namespace}/{name}/{path:path}", space_proxy, methods=METHODS)
+space_http_route = starlette_routing.Route(
+    "/spaces/{namespace}/{name}/{path:path}", space_proxy, methods=forward.METHODS
+)
