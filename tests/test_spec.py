@@ -115,7 +115,7 @@ def test_fault_tolerance_reaches_only_the_head_environment() -> None:
 def test_the_documented_example_spec_is_valid() -> None:
     from pathlib import Path
 
-    text = (Path(__file__).parents[1] / "docs" / "cluster-spec.md").read_text()
+    text = (Path(__file__).parents[1] / "docs" / "clusters.md").read_text()
     example = text.split("```yaml\n", 1)[1].split("```", 1)[0]
     spec = spec_mod.load_spec(example)
     assert spec.group("cpu").labels == {"team": "search"}

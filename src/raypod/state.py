@@ -176,6 +176,10 @@ class JobStatus(StrEnum):
     STOPPED = "STOPPED"
 
 
+# A job (raypod's) or an attempt (Ray's status, the same words) that has ended: nothing changes it any more.
+FINISHED_JOB_STATUSES = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED})
+
+
 class SubmittedVia(StrEnum):
     RAYPOD = "raypod"  # raypod job submit, the SDK's jobs.submit, the console
     RAY = "ray"  # plain Ray tooling (ray job submit, JobSubmissionClient), found on the cluster

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from raypod import config
 from raypod.backends.fake import FakeBackend
-from raypod.cli import cluster
+from raypod.cli import clusters
 from raypod.cli.main import app
 from raypod.client import Client
 from raypod.server.app import create_app
@@ -35,7 +35,7 @@ def server(tmp_path: Path, backend: FakeBackend, monkeypatch: pytest.MonkeyPatch
     settings = config.Settings(home=tmp_path, reconcile_interval_s=0.05, tls=False)
     monkeypatch.setenv("RAYPOD_HOME", str(tmp_path))
     with TestClient(create_app(settings, backend=backend)) as http:
-        monkeypatch.setattr(cluster, "client", lambda: Client("http://testserver", http=http))
+        monkeypatch.setattr(clusters, "client", lambda: Client("http://testserver", http=http))
         yield http
 
 

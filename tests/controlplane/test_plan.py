@@ -5,7 +5,7 @@ from __future__ import annotations
 from raypod import actions, state
 from raypod import spec as spec_mod
 from raypod.backends import base
-from raypod.capabilities.nodehealth.model import Verdict
+from raypod.capabilities.resilience.model import Verdict
 from raypod.controlplane import plan
 
 NOW = 1_000_000.0

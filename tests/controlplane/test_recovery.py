@@ -65,7 +65,7 @@ class Clock:
 
 
 def reconciler_for(db: store.Store, backend: fake.FakeBackend) -> loop.Reconciler:
-    from raypod.capabilities.nodehealth.monitor import HealthMonitor
+    from raypod.capabilities.resilience.monitor import HealthMonitor
 
     return loop.Reconciler(db, backend, health=HealthMonitor(backend, clock=Clock()))
 

@@ -25,7 +25,7 @@ from raypod.capabilities.hangwatch import layout
 from raypod.capabilities.spaces import ide
 from tests.security.conftest import App, EchoBackend, EchoDashboard, make_app
 from tests.security.test_attacks import wait_ready
-from tests.server.test_hangs import wait_for
+from tests.server.test_hangwatch import wait_for
 
 
 @pytest.fixture
@@ -351,7 +351,7 @@ def test_a_hang_webhook_is_never_posted_to_loopback(
     assert app.http.post("/api/v1/clusters", json=body, headers=app.as_("alice")).status_code == 202
     wait_ready(app, "ml", "hooked")
     node = hangwatch_dirs(app, tmp_path, "ml", "hooked")["cpu-0"]
-    with caplog.at_level(logging.WARNING, logger="raypod.controlplane.hangs"):
+    with caplog.at_level(logging.WARNING, logger="raypod.controlplane.hangwatch"):
         layout.write_json(layout.detections_dir(node) / "d.json", detection(None, "notify"))
         wait_for(lambda: "hang webhook to 127.0.0.1 refused" in caplog.text, "the webhook refused")
     assert echo_server.received == []

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from raypod import state
-from raypod.cli import cluster, output
+from raypod.cli import clusters, output
 from raypod.cli.output import Format
 
 token_app = typer.Typer(help="Create, list and revoke API tokens.", no_args_is_help=True)
@@ -31,7 +31,7 @@ def token_create(
 ) -> None:
     """Create a token; the secret is shown this once."""
     ttl = int(expires_in_days * 86400) if expires_in_days else None
-    created = cluster.client().tokens.create(name, ttl, user)
+    created = clusters.client().tokens.create(name, ttl, user)
     if fmt is not Format.TABLE:
         _emit(created, fmt)
         return
@@ -42,13 +42,13 @@ def token_create(
 
 @token_app.command("list")
 def token_list(fmt: OutputOpt = Format.TABLE) -> None:
-    _emit(cluster.client().tokens.list(), fmt)
+    _emit(clusters.client().tokens.list(), fmt)
 
 
 @token_app.command("revoke")
 def token_revoke(token_id: str) -> None:
     """Revoke a token; the browser sessions made from it end at once."""
-    revoked = cluster.client().tokens.revoke(token_id)
+    revoked = clusters.client().tokens.revoke(token_id)
     output.console.print(f"token {revoked.id} revoked")
 
 
@@ -60,13 +60,13 @@ def user_create(
     admin: Annotated[bool, typer.Option("--admin", help="A raypod administrator.")] = False,
     fmt: OutputOpt = Format.TABLE,
 ) -> None:
-    _emit(cluster.client().users.create(name, team, role, admin), fmt)
+    _emit(clusters.client().users.create(name, team, role, admin), fmt)
 
 
 @user_app.command("delete")
 def user_delete(name: str) -> None:
     """Delete a user: its tokens and sessions end; its queued clusters leave the queue, its running ones stay."""
-    done = cluster.client().users.delete(name)
+    done = clusters.client().users.delete(name)
     output.console.print(f"user {done.user} deleted")
     for where in done.dropped_from_queue:
         output.console.print(f"  queued cluster {where} left the queue and is being deleted")
@@ -76,12 +76,12 @@ def user_delete(name: str) -> None:
 
 @user_app.command("list")
 def user_list(fmt: OutputOpt = Format.TABLE) -> None:
-    _emit(cluster.client().users.list(), fmt)
+    _emit(clusters.client().users.list(), fmt)
 
 
 @team_app.command("create")
 def team_create(name: str) -> None:
-    cluster.client().teams.create(name)
+    clusters.client().teams.create(name)
     output.console.print(f"team {name} created")
 
 
@@ -89,16 +89,16 @@ def team_create(name: str) -> None:
 def team_add_member(
     team: str, user: str, role: Annotated[state.Role, typer.Option(help="member or admin")] = state.Role.MEMBER
 ) -> None:
-    cluster.client().teams.add_member(team, user, role)
+    clusters.client().teams.add_member(team, user, role)
     output.console.print(f"{user} is now {role.value} of team {team}")
 
 
 @namespace_app.command("create")
 def namespace_create(name: str, team: Annotated[str, typer.Option(help="Team that owns it.")]) -> None:
-    cluster.client().namespaces.create(name, team)
+    clusters.client().namespaces.create(name, team)
     output.console.print(f"namespace {name} created for team {team}")
 
 
 @namespace_app.command("list")
 def namespace_list(fmt: OutputOpt = Format.TABLE) -> None:
-    _emit(cluster.client().namespaces.list(), fmt)
+    _emit(clusters.client().namespaces.list(), fmt)

@@ -12,7 +12,7 @@ from typer.core import TyperGroup
 
 from raypod import config, errors, state
 from raypod import spec as spec_mod
-from raypod.cli import cluster, daemon, identities, job, model, monitoring, node, output, quota, serve, space
+from raypod.cli import clusters, daemon, governance, identities, jobs, node, observability, output, serving, spaces
 from raypod.client import Client, connection_settings
 
 
@@ -37,15 +37,15 @@ app = typer.Typer(
     add_completion=False,
 )
 NOUNS = {
-    "cluster": cluster.app,
-    "job": job.app,
+    "cluster": clusters.app,
+    "job": jobs.app,
     "node": node.app,
-    "model": model.app,
-    "serve": serve.app,
-    "space": space.app,
-    "monitoring": monitoring.app,
-    "quota": quota.app,
-    "queue": quota.queue_app,
+    "model": serving.models.app,
+    "serve": serving.deployments.app,
+    "space": spaces.app,
+    "monitoring": observability.app,
+    "quota": governance.app,
+    "queue": governance.queue_app,
     "token": identities.token_app,
     "user": identities.user_app,
     "team": identities.team_app,
@@ -127,12 +127,12 @@ def up(
     api = Client(url)
     view: state.ClusterView | None = None
     if not no_cluster:
-        spec = cluster.build_spec(name, "default", None, workers, worker_cpus, None, None, "workers")
+        spec = clusters.build_spec(name, "default", None, workers, worker_cpus, None, None, "workers")
         try:
             view = api.clusters.create(spec)
         except errors.AlreadyExists:
             view = api.clusters.get(name)
-        view = cluster.wait_with_progress(api, name, "default", view.status.desired_nodes, timeout)
+        view = clusters.wait_with_progress(api, name, "default", view.status.desired_nodes, timeout)
     _print_next_steps(url, view)
 
 
@@ -172,7 +172,7 @@ def down(
     home = config.default_home()
     url = config.default_server_url()
     if not keep_monitoring:
-        output.console.print(monitoring.stop_prometheus())
+        output.console.print(observability.stop_prometheus())
     if not keep_clusters and daemon.is_healthy(url, connection_settings(url).verify):
         # Closed before the server is told to stop: an open connection holds its graceful shutdown.
         with Client(url) as api:

@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from raypod.cli import cluster as cluster_cli
+from raypod.cli import clusters as cluster_cli
 from raypod.cli import output
-from raypod.cli.cluster import NamespaceOpt
+from raypod.cli.clusters import NamespaceOpt
 
 app = typer.Typer(help="Replace, cordon and uncordon nodes of a cluster.", no_args_is_help=True)
 

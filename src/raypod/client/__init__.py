@@ -10,11 +10,13 @@ import httpx
 
 from raypod import config, errors, state
 from raypod.client._http import Transport
-from raypod.client.clusters import Clusters, Spaces
-from raypod.client.identities import Namespaces, Quotas, Teams, Tokens, Users
+from raypod.client.clusters import Clusters
+from raypod.client.governance import Quotas
+from raypod.client.identities import Namespaces, Teams, Tokens, Users
 from raypod.client.jobs import TERMINAL_JOB_STATUSES, Jobs
-from raypod.client.monitoring import Monitoring
+from raypod.client.observability import Monitoring
 from raypod.client.serving import Models, Serving
+from raypod.client.spaces import Spaces
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,10 +12,10 @@ from datetime import timedelta
 from raypod import actions, addons, errors, state
 from raypod import spec as spec_mod
 from raypod.backends import base
-from raypod.capabilities.nodehealth import model as health_model
-from raypod.capabilities.nodehealth.gpu import GpuHealth
-from raypod.capabilities.nodehealth.monitor import HealthMonitor, Transition
 from raypod.capabilities.observability import metrics
+from raypod.capabilities.resilience import model as health_model
+from raypod.capabilities.resilience.gpu import GpuHealth
+from raypod.capabilities.resilience.monitor import HealthMonitor, Transition
 from raypod.controlplane import execute, plan, status, store
 
 log = logging.getLogger(__name__)

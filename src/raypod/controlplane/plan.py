@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from raypod import actions, state
 from raypod import spec as spec_mod
 from raypod.backends import base
-from raypod.capabilities.nodehealth.model import Verdict
+from raypod.capabilities.resilience.model import Verdict
 
 HEAD = "head"
 # Deletes that replace a node the cluster still wants: the flapping guard counts them per group.

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from raypod import backends, config
 from raypod.backends import base
 from raypod.controlplane import addons as node_addons
-from raypod.controlplane import loop, plan, service
+from raypod.controlplane import loop, plan
+from raypod.controlplane.clusters import ClusterService
 from raypod.controlplane.governance import GovernanceService
-from raypod.controlplane.hangs import HangCollector
+from raypod.controlplane.hangwatch import HangCollector
 from raypod.controlplane.identity import IdentityService
 from raypod.controlplane.jobs import JobService, JobSupervisor
 from raypod.controlplane.serving import DeploymentApplier, ModelCatalog, ServingService
@@ -29,7 +30,7 @@ class ControlPlane:
     identities: IdentityService
     governance: GovernanceService
     reconciler: loop.Reconciler
-    clusters: service.ClusterService
+    clusters: ClusterService
     jobs: JobService
     serving: ServingService
     spaces: SpaceService
@@ -73,7 +74,7 @@ class ControlPlane:
         ca_file = (settings.tls_ca or settings.tls_cert) if settings.tls else None
         if ids.bootstrap(settings.home / "credentials", settings.public_url, ca_file):
             log.info("first start: admin credentials written to %s (mode 0600)", settings.home / "credentials")
-        clusters = service.ClusterService(db, chosen, ids, wake=reconciler.wake, governance=governor)
+        clusters = ClusterService(db, chosen, ids, wake=reconciler.wake, governance=governor)
         job_service = JobService(clusters, settings.home / "packages")
         side_interval_s = min(settings.reconcile_interval_s, 1.0)
         supervisor = JobSupervisor(job_service, interval_s=side_interval_s)

@@ -20,7 +20,8 @@ from raypod import errors, outbound, state
 from raypod import spec as spec_mod
 from raypod.backends import base, ray_jobs
 from raypod.backends.kuberay import manifests
-from raypod.controlplane import identity, service, store
+from raypod.controlplane import identity, store
+from raypod.controlplane.clusters import ClusterService
 from raypod.controlplane.jobs.supervisor import INTERNAL_JOB
 from raypod.controlplane.periodic import Periodic
 from raypod.controlplane.store.models import CatalogStore, DeploymentStore
@@ -114,7 +115,7 @@ class ModelCatalog:
 
 
 class ServingService:
-    def __init__(self, clusters: service.ClusterService, models: ModelCatalog) -> None:
+    def __init__(self, clusters: ClusterService, models: ModelCatalog) -> None:
         self.clusters = clusters
         self.models = models
         self.records = DeploymentStore(clusters.store.engine)

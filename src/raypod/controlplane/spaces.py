@@ -10,13 +10,14 @@ from pathlib import Path
 from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.capabilities.spaces import ide
-from raypod.controlplane import capacity, identity, service
+from raypod.controlplane import capacity, identity
+from raypod.controlplane.clusters import ClusterService
 
 Verb = identity.Verb
 
 
 class SpaceService:
-    def __init__(self, clusters: service.ClusterService, home: Path) -> None:
+    def __init__(self, clusters: ClusterService, home: Path) -> None:
         self.clusters = clusters
         self.home = home
 

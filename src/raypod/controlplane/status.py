@@ -7,7 +7,7 @@ from datetime import datetime
 
 from raypod import spec as spec_mod
 from raypod import state
-from raypod.capabilities.nodehealth.model import NodeHealth
+from raypod.capabilities.resilience.model import NodeHealth
 from raypod.controlplane import execute
 
 # The latest lifecycle event of a node that says it is being replaced (see ``replacing`` below).

@@ -15,8 +15,9 @@ from raypod.backends import base
 from raypod.controlplane.plane import ControlPlane
 from raypod.server import console, gateway, limits, origins
 from raypod.server import errors as server_errors
-from raypod.server.routes import clusters, identities, monitoring
+from raypod.server.routes import clusters, identities, observability
 from raypod.server.routes import governance as governance_routes
+from raypod.server.routes import hangwatch as hangwatch_routes
 from raypod.server.routes import jobs as job_routes
 from raypod.server.routes import serving as serving_routes
 from raypod.server.routes import spaces as space_routes
@@ -81,10 +82,11 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
     app.include_router(clusters.router)
     app.include_router(identities.router)
     app.include_router(job_routes.router)
+    app.include_router(hangwatch_routes.router)
     app.include_router(serving_routes.router)
     app.include_router(space_routes.router)
     app.include_router(governance_routes.router)
-    app.include_router(monitoring.router)
+    app.include_router(observability.router)
     app.include_router(identities.login_router)
     app.include_router(gateway.router)
     console.install(app)

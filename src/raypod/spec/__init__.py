@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from raypod import errors
-from raypod.spec.hangs import (
+from raypod.spec.hangwatch import (
     HANG_METADATA,
     HANG_RULE_FIELDS,
     MAX_HANG_RULES,

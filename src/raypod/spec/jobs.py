@@ -12,7 +12,7 @@ from pydantic import (
     model_validator,
 )
 
-from raypod.spec.hangs import MAX_HANG_RULES_METADATA, hang_overrides_from_metadata
+from raypod.spec.hangwatch import MAX_HANG_RULES_METADATA, hang_overrides_from_metadata
 from raypod.spec.values import (
     check_runtime_env,
 )

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from raypod import addons as addons_mod
-from raypod.spec.hangs import HangwatchSpec
+from raypod.spec.hangwatch import HangwatchSpec
 from raypod.spec.spaces import SpaceSpec
 
 if TYPE_CHECKING:

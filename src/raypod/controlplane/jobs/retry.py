@@ -8,7 +8,6 @@ from enum import StrEnum
 from raypod import spec as spec_mod
 from raypod import state
 
-TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 # An attempt whose cluster governance preempted: it is submitted again once the cluster is admitted, and it does
 # not count as one of the job's retries (the job did not fail).
 PREEMPTED = "PREEMPTED"
@@ -28,7 +27,7 @@ def decide(job: state.JobView, ray_status: str, now: datetime) -> tuple[Decision
     An attempt that FAILED is resubmitted after an exponential backoff while retries remain; one that was
     STOPPED is not. Returns the decision and, for a retry, when to submit it.
     """
-    if ray_status not in TERMINAL:
+    if ray_status not in state.FINISHED_JOB_STATUSES:
         return Decision.WAIT, None
     if ray_status == "SUCCEEDED":
         return Decision.SUCCEED, None

@@ -15,15 +15,16 @@ from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.backends import base, ray_jobs
 from raypod.backends.kuberay import manifests
-from raypod.controlplane import capacity, identity, service, store
+from raypod.controlplane import capacity, identity, store
+from raypod.controlplane.clusters import ClusterService
 from raypod.controlplane.jobs import packaging
-from raypod.controlplane.store.jobs import TERMINAL_STATUSES, JobRecords
+from raypod.controlplane.store.jobs import JobRecords
 
 
 class JobService:
     """raypod jobs on a cluster's Ray job API, through the client the cluster's backend provides."""
 
-    def __init__(self, clusters: service.ClusterService, packages_dir: Path | None = None) -> None:
+    def __init__(self, clusters: ClusterService, packages_dir: Path | None = None) -> None:
         self.clusters = clusters
         self.records = JobRecords(clusters.store.engine)
         # Uploaded working dirs, kept per cluster: a cluster whose head restarts without GCS fault tolerance (a
@@ -131,7 +132,7 @@ class JobService:
         job = self.records.load(job_id)
         if (job.namespace, job.cluster) != (cluster.spec.namespace, cluster.spec.name):
             raise errors.NotFound(f"job {job_id} not found on cluster {cluster.spec.namespace}/{cluster.spec.name}")
-        if job.status not in TERMINAL_STATUSES:
+        if job.status not in state.FINISHED_JOB_STATUSES:
             self.records.request_stop(job_id, fail_reason=reason[:500])
             self.wake()
 

@@ -104,7 +104,7 @@ class JobSupervisor(Periodic):
         if job.spec.as_rayjob:
             self._follow_rayjob(job, current)
             return
-        if job.stop_requested and not view.queued and current.status not in retry.TERMINAL:
+        if job.stop_requested and not view.queued and current.status not in state.FINISHED_JOB_STATUSES:
             self.jobs.api(view).stop(current.submission_id)
         try:
             info = self.jobs.api(view).info(current.submission_id)

@@ -12,8 +12,6 @@ from raypod import spec as spec_mod
 from raypod.controlplane import store
 from raypod.controlplane.store.schema import jobs
 
-TERMINAL_STATUSES = frozenset({state.JobStatus.SUCCEEDED, state.JobStatus.FAILED, state.JobStatus.STOPPED})
-
 
 class JobRecords:
     def __init__(self, engine: sa.Engine) -> None:
@@ -47,7 +45,7 @@ class JobRecords:
             return [_view(row) for row in connection.execute(query)]
 
     def active(self) -> list[state.JobView]:
-        query = jobs.select().where(jobs.c.status.not_in([s.value for s in TERMINAL_STATUSES]))
+        query = jobs.select().where(jobs.c.status.not_in([s.value for s in state.FINISHED_JOB_STATUSES]))
         with self.engine.connect() as connection:
             return [_view(row) for row in connection.execute(query)]
 
@@ -55,7 +53,7 @@ class JobRecords:
         """Write the job's status and attempts, unless the stored job has ended meanwhile: an end is final, and a
         copy read before it (the supervisor's, while the hang collector failed the job) must not undo it."""
         row = _row(job)
-        ended = [status.value for status in TERMINAL_STATUSES]
+        ended = [status.value for status in state.FINISHED_JOB_STATUSES]
         with self.engine.begin() as connection:
             connection.execute(
                 jobs.update()

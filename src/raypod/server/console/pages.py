@@ -253,7 +253,7 @@ def job_page(
         hangs=hung,
         shown=shown,
         submission=job.attempts[shown - 1].submission_id if shown else "",
-        terminal=job.status in views.TERMINAL_JOB_STATES,
+        terminal=job.status in state.FINISHED_JOB_STATUSES,
         runtime_env=views.pretty_json(job.spec.runtime_env),
         now=store.now(),
         age=views.age,

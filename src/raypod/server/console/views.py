@@ -9,9 +9,6 @@ from typing import Any
 
 from raypod import spec as spec_mod
 from raypod import state
-from raypod.controlplane.store import jobs as records
-
-TERMINAL_JOB_STATES = records.TERMINAL_STATUSES
 
 
 def age(since: datetime, now: datetime) -> str:

@@ -22,7 +22,8 @@ from starlette.concurrency import run_in_threadpool
 from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.backends import base
-from raypod.controlplane import identity, service
+from raypod.controlplane import identity
+from raypod.controlplane.clusters import ClusterService
 from raypod.server import origins as origins_mod
 from raypod.server.gateway.forward import (
     METHODS,
@@ -62,7 +63,7 @@ class Route:
 class RouteCache:
     """Where each cluster's dashboard is and who owns it, kept for a moment: proxied requests come in bursts."""
 
-    def __init__(self, clusters: service.ClusterService) -> None:
+    def __init__(self, clusters: ClusterService) -> None:
         self.clusters = clusters
         self._routes: dict[tuple[str, str], tuple[float, Route]] = {}
 

@@ -12,7 +12,8 @@ from starlette.concurrency import run_in_threadpool
 
 from raypod import errors
 from raypod import spec as spec_mod
-from raypod.controlplane import identity, service, spaces
+from raypod.controlplane import identity, spaces
+from raypod.controlplane.clusters import ClusterService
 from raypod.server import origins as origins_mod
 from raypod.server.gateway import forward, sockets
 from raypod.server.gateway.clusters import check_names
@@ -39,7 +40,7 @@ async def resolve_space(
         NotFound, Conflict (its IDE is not running).
     """
     check_names(namespace, name)
-    clusters: service.ClusterService = state.clusters
+    clusters: ClusterService = state.clusters
 
     def lookup() -> SpaceRoute:
         view = next((v for v in clusters.store.list(namespace) if v.spec.space(name)), None)

@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from raypod import spec as spec_mod
 from raypod import state
 from raypod.backends.kuberay import manifests
-from raypod.controlplane import service, store
+from raypod.controlplane import store
+from raypod.controlplane.clusters import ClusterService
 from raypod.server.auth import Caller
 from raypod.server.routes import part
 
@@ -26,7 +27,7 @@ class ScaleRequest(BaseModel):
     replicas: int = Field(ge=0, le=spec_mod.MAX_REPLICAS)
 
 
-Service = Annotated[service.ClusterService, part("clusters")]
+Service = Annotated[ClusterService, part("clusters")]
 
 
 # A page's continue token: the last item's "namespace/name" (both DNS labels, so the slash is unambiguous).

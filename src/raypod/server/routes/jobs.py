@@ -11,7 +11,7 @@ from starlette.formparsers import MultiPartException
 
 from raypod import errors, state
 from raypod import spec as spec_mod
-from raypod.controlplane import capacity, hangs, identity, jobs
+from raypod.controlplane import jobs
 from raypod.server.auth import Caller
 from raypod.server.routes import part
 from raypod.server.routes.clusters import NamePath
@@ -87,35 +87,6 @@ def submit_job(
 @router.get("/namespaces/{namespace}/clusters/{name}/jobs")
 def list_jobs(caller: Caller, namespace: NamePath, name: NamePath, svc: Service) -> list[state.JobView]:
     return svc.list(caller, namespace, name)
-
-
-Hangs = Annotated[hangs.HangCollector, part("hangs")]
-
-
-@router.get("/namespaces/{namespace}/clusters/{name}/hangs")
-def list_hangs(
-    caller: Caller,
-    namespace: NamePath,
-    name: NamePath,
-    svc: Service,
-    collector: Hangs,
-    job: Annotated[str | None, Query(pattern=r"^rj-[0-9a-f]{10}$")] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> list[state.HangDetection]:
-    """Hung or faulted Ray Train runs of the cluster (of one job), newest first, with every rank's stack."""
-    svc.clusters.get(caller, namespace, name, identity.Verb.VIEW)
-    capacity.check_hangwatch(svc.clusters.backend.features)
-    return collector.records.list(namespace, name, job, limit)
-
-
-@router.get("/namespaces/{namespace}/clusters/{name}/training")
-def training_progress(
-    caller: Caller, namespace: NamePath, name: NamePath, svc: Service, collector: Hangs
-) -> list[state.RunProgress]:
-    """Live Ray Train runs of the cluster and each rank's progress, as the nodes' agents see it."""
-    view = svc.clusters.get(caller, namespace, name, identity.Verb.VIEW)
-    capacity.check_hangwatch(svc.clusters.backend.features)
-    return collector.runs(view.uid)
 
 
 @router.get("/jobs/{job_id}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raypod.capabilities.nodehealth import model
+from raypod.capabilities.resilience import model
 from raypod.state import NodeHealthState as H
 
 FAIL, OK, WARN = model.Level.FAIL, model.Level.OK, model.Level.WARN

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from raypod import state
-from raypod.cli import cluster as cluster_cli
+from raypod.cli import clusters as cluster_cli
 from raypod.cli import output
 from raypod.cli.output import Format
 

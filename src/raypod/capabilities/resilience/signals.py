@@ -8,7 +8,7 @@ import shutil
 import httpx
 
 from raypod.backends.commands import CommandResult
-from raypod.capabilities.nodehealth.model import Level, SignalResult
+from raypod.capabilities.resilience.model import Level, SignalResult
 
 AGENT_HEALTH_PATH = "/api/local_raylet_healthz"  # public on Ray's dashboard agent, answers from the raylet's view
 HOST_MEMORY_WARN_FRACTION = 0.05

@@ -10,7 +10,7 @@ import contextlib
 import logging
 from typing import Any
 
-from raypod.capabilities.nodehealth.model import Level, SignalResult
+from raypod.capabilities.resilience.model import Level, SignalResult
 
 log = logging.getLogger(__name__)
 

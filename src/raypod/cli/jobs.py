@@ -10,7 +10,7 @@ import typer
 
 from raypod import errors, state
 from raypod import spec as spec_mod
-from raypod.cli import cluster as cluster_cli
+from raypod.cli import clusters as cluster_cli
 from raypod.cli import output
 from raypod.cli.output import Format
 

@@ -9,7 +9,7 @@ import yaml
 
 from raypod import spec as spec_mod
 from raypod import state
-from raypod.cli import cluster as cluster_cli
+from raypod.cli import clusters as cluster_cli
 from raypod.cli import output
 from raypod.cli.output import Format
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from raypod.capabilities.nodehealth.gpu import GpuHealth
-from raypod.capabilities.nodehealth.model import Level
+from raypod.capabilities.resilience.gpu import GpuHealth
+from raypod.capabilities.resilience.model import Level
 
 
 class NVMLError(Exception):

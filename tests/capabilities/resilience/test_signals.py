@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from raypod.backends.commands import run_command
-from raypod.capabilities.nodehealth import signals
-from raypod.capabilities.nodehealth.model import Level
+from raypod.capabilities.resilience import signals
+from raypod.capabilities.resilience.model import Level
 
 
 class _Agent(http.server.BaseHTTPRequestHandler):

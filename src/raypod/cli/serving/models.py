@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from raypod import errors
-from raypod.cli import cluster as cluster_cli
+from raypod.cli import clusters as cluster_cli
 from raypod.cli import output
 from raypod.cli.output import Format
 from raypod.serving import catalog

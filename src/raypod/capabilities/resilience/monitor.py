@@ -21,8 +21,8 @@ from raypod import spec as spec_mod
 from raypod import state
 from raypod.backends import base
 from raypod.backends.commands import CommandResult
-from raypod.capabilities.nodehealth import model, signals
-from raypod.capabilities.nodehealth.gpu import GpuHealth
+from raypod.capabilities.resilience import model, signals
+from raypod.capabilities.resilience.gpu import GpuHealth
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from raypod import config, errors
-from raypod.cli import cluster, output
+from raypod.cli import clusters, output
 from raypod.client import connection_settings
 
 app = typer.Typer(help="Prometheus for every cluster, Grafana dashboards.", no_args_is_help=True)
@@ -29,7 +29,7 @@ def up(
         output.console.print(f"Prometheus already runs at {running.url} (pid {running.pid})")
         return
     local_prometheus.binary()
-    api = cluster.client()
+    api = clusters.client()
     created = api.tokens.create("prometheus", ttl_seconds=None)
     verify = connection_settings().verify
     ca = verify if isinstance(verify, str) else None
@@ -64,7 +64,7 @@ def stop_prometheus() -> str:
     if stopped is None:
         return "Prometheus was not running"
     try:
-        with cluster.client() as api:
+        with clusters.client() as api:
             api.tokens.revoke(stopped.token_id)
     except errors.RaypodError as exc:
         return f"Prometheus stopped; its token was not revoked: {exc.message}"

@@ -26,11 +26,10 @@ from raypod import spec as spec_mod
 from raypod.capabilities.hangwatch import addons as hangwatch_addons
 from raypod.capabilities.hangwatch import detector
 from raypod.capabilities.observability import metrics
-from raypod.controlplane import store
+from raypod.controlplane import capacity, identity, store
 from raypod.controlplane.jobs.service import JobService
 from raypod.controlplane.periodic import Periodic
-from raypod.controlplane.store.hangs import HangStore
-from raypod.controlplane.store.jobs import TERMINAL_STATUSES
+from raypod.controlplane.store.hangwatch import HangStore
 from raypod.outbound import Policy
 
 log = logging.getLogger(__name__)
@@ -166,6 +165,24 @@ class HangCollector(Periodic):
 
     def runs(self, uid: str) -> builtins.list[state.RunProgress]:
         return self.progress.get(uid, [])
+
+    def detections(
+        self, caller: identity.Principal, namespace: str, cluster: str, job: str | None = None, limit: int = 100
+    ) -> builtins.list[state.HangDetection]:
+        """Hung or faulted Ray Train runs of a cluster (of one of its jobs), newest first, with every rank's stack.
+
+        Raises:
+            NotFound, Forbidden, InvalidSpec (no agent runs on this backend: no answer would read as 'no hang')."""
+        self.jobs.clusters.get(caller, namespace, cluster, identity.Verb.VIEW)
+        capacity.check_hangwatch(self.backend.features)
+        return self.records.list(namespace, cluster, job, limit)
+
+    def training(self, caller: identity.Principal, namespace: str, cluster: str) -> builtins.list[state.RunProgress]:
+        """Live Ray Train runs of a cluster and each rank's progress, as the nodes' agents see it. Raises as
+        ``detections``."""
+        view = self.jobs.clusters.get(caller, namespace, cluster, identity.Verb.VIEW)
+        capacity.check_hangwatch(self.backend.features)
+        return self.runs(view.uid)
 
     def _progress(self, dirs: dict[str, Path], now: float) -> builtins.list[tuple[state.RunProgress, list[Path]]]:
         """Every run attempt the agents follow, its ranks from all nodes; a node whose agent has not written for
@@ -347,7 +364,7 @@ class HangCollector(Periodic):
         """Ask the job supervisor (the one writer of jobs) to fail the job."""
         reason = f"hangwatch: Ray Train run {run} hung {count} times with no progress in between: {why}"
         try:
-            if self.jobs.records.load(job).status in TERMINAL_STATUSES:
+            if self.jobs.records.load(job).status in state.FINISHED_JOB_STATUSES:
                 return
             self.jobs.request_failure(job, reason, view)
         except errors.RaypodError as exc:
