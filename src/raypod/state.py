@@ -343,9 +343,17 @@ class RunProgress(BaseModel):
 
 class ServeReplica(BaseModel):
     id: str
-    state: str
+    state: SpaceState
     node_id: str | None = None
     pid: int | None = None
+
+
+class SpaceState(StrEnum):
+    READY = "Ready"  # its IDE answers
+    STARTING = "Starting"
+    STOPPED = "Stopped"
+    UNKNOWN = "Unknown"
+    DELETED = "Deleted"
 
 
 class SpaceView(BaseModel):
@@ -364,6 +372,29 @@ class SpaceView(BaseModel):
     python_env: str | None = Field(None, description="The Python environment its kernels run in, when not raypod's.")
 
 
+class DeploymentStatus(StrEnum):
+    """Serve's words for an application, and raypod's own for before Serve knows it (NOT_STARTED, SUBMITTED),
+    after it left (NOT_RUNNING), and while nothing can say (UNKNOWN)."""
+
+    NOT_STARTED = "NOT_STARTED"
+    SUBMITTED = "SUBMITTED"
+    DEPLOYING = "DEPLOYING"
+    RUNNING = "RUNNING"
+    DEPLOY_FAILED = "DEPLOY_FAILED"
+    UNHEALTHY = "UNHEALTHY"
+    DELETING = "DELETING"
+    NOT_RUNNING = "NOT_RUNNING"
+    UNKNOWN = "UNKNOWN"
+
+    @classmethod
+    def of_serve(cls, value: object) -> DeploymentStatus:
+        """Serve's status as one of these; one this version does not know is UNKNOWN."""
+        try:
+            return cls(str(value))
+        except ValueError:
+            return cls.UNKNOWN
+
+
 class DeploymentView(BaseModel):
     """A model on a cluster's Ray Serve. ``status`` is Serve's own (NOT_STARTED while raypod checks the model's
     files before submitting it, DEPLOYING, RUNNING, DEPLOY_FAILED, UNHEALTHY, DELETING), ``UNKNOWN`` while the
@@ -376,7 +407,7 @@ class DeploymentView(BaseModel):
     owner: str
     spec: spec_mod.ServeDeploySpec
     created_at: datetime
-    status: str = "SUBMITTED"
+    status: DeploymentStatus = DeploymentStatus.SUBMITTED
     message: str = ""
     engine: str = "cpu"
     replicas: list[ServeReplica] = Field(default_factory=list)

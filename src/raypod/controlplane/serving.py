@@ -28,6 +28,7 @@ from raypod.controlplane.store.models import CatalogStore, DeploymentStore
 from raypod.serving import catalog
 from raypod.serving.deploy import encode
 from raypod.serving.settings import DeployRequest, ServeSettings
+from raypod.state import DeploymentStatus as Status
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ class ServingService:
         view = self.clusters.get(caller, namespace, cluster, identity.Verb.OPERATE)
         self.records.request_delete(view.uid, name)
         self.wake()
-        return deployment.model_copy(update={"status": "DELETING"})
+        return deployment.model_copy(update={"status": Status.DELETING})
 
     def apply_pending(self) -> None:
         """The deployment applier's pass: submit what was asked for, remove what was deleted. A cluster not ready
@@ -332,23 +333,29 @@ class ServingService:
             deploy_job=record["deploy_job"],
         )
         if record.get("delete_requested"):
-            deployment.status, deployment.message = "DELETING", "raypod is removing it from Serve"
+            deployment.status, deployment.message = Status.DELETING, "raypod is removing it from Serve"
             return deployment
         if record.get("failure"):
-            deployment.status, deployment.message = "DEPLOY_FAILED", str(record["failure"])
+            deployment.status, deployment.message = Status.DEPLOY_FAILED, str(record["failure"])
             return deployment
         if not deployment.deploy_job:
-            deployment.status, deployment.message = "NOT_STARTED", "raypod checks the model's files, then submits it"
+            deployment.status, deployment.message = (
+                Status.NOT_STARTED,
+                "raypod checks the model's files, then submits it",
+            )
             return deployment
         if deployment.deploy_job.startswith(RAYSERVICE):
             return self._from_rayservice(deployment)
         if serve is None:
-            deployment.status, deployment.message = "UNKNOWN", "the cluster's dashboard does not answer"
+            deployment.status, deployment.message = (
+                Status.UNKNOWN,
+                "the cluster's dashboard does not answer",
+            )
             return deployment
         app = (serve.get("applications") or {}).get(name)
         if app is None:
             return self._from_job(view, deployment)
-        deployment.status = str(app.get("status", "UNKNOWN"))
+        deployment.status = Status.of_serve(app.get("status"))
         deployment.message = str(app.get("message") or "")[:LOG_TAIL_CHARS]
         for detail in (app.get("deployments") or {}).values():
             for replica in detail.get("replicas") or []:
@@ -362,12 +369,12 @@ class ServingService:
                 )
             if not deployment.message and detail.get("message"):
                 deployment.message = str(detail["message"])[:LOG_TAIL_CHARS]
-        if deployment.status == "RUNNING" and deployment.message == "":
+        if deployment.status == Status.RUNNING and deployment.message == "":
             running = sum(r.state == "RUNNING" for r in deployment.replicas)
             deployment.message = f"{running} replica{'' if running == 1 else 's'} running"
-        if deployment.status == "DEPLOYING":
+        if deployment.status == Status.DEPLOYING:
             failed = self._from_job(view, deployment)
-            if failed.status == "DEPLOY_FAILED":
+            if failed.status == Status.DEPLOY_FAILED:
                 return failed
         return deployment
 
@@ -377,10 +384,11 @@ class ServingService:
         name = deployment.deploy_job.removeprefix(RAYSERVICE)
         found = runner.rayservice_state(deployment.namespace, name) if runner is not None else None
         if found is None:
-            deployment.status = "UNKNOWN"
+            deployment.status = Status.UNKNOWN
             deployment.message = f"RayService {deployment.namespace}/{name} is not visible to raypod (yet)"
             return deployment
-        deployment.status, deployment.message = found.status, found.message[:LOG_TAIL_CHARS]
+        deployment.status = Status.of_serve(found.status)
+        deployment.message = found.message[:LOG_TAIL_CHARS]
         if not deployment.message and found.deployments:
             healthy = sum(status == "HEALTHY" for status in found.deployments.values())
             deployment.message = f"RayService {name}: {healthy} of {len(found.deployments)} deployments healthy"
@@ -394,14 +402,20 @@ class ServingService:
             status = str(info.get("status", ""))
             if status == "FAILED":
                 logs = api.logs(deployment.deploy_job)
-                deployment.status = "DEPLOY_FAILED"
+                deployment.status = Status.DEPLOY_FAILED
                 deployment.message = _last_error(logs) or str(info.get("message", ""))[:LOG_TAIL_CHARS]
             elif status in ("PENDING", "RUNNING"):
-                deployment.status, deployment.message = "DEPLOYING", "starting Serve and the replicas"
+                deployment.status, deployment.message = (
+                    Status.DEPLOYING,
+                    "starting Serve and the replicas",
+                )
             else:
-                deployment.status, deployment.message = "NOT_RUNNING", f"the application is gone from Serve ({status})"
+                deployment.status, deployment.message = (
+                    Status.NOT_RUNNING,
+                    f"the application is gone from Serve ({status})",
+                )
         except (errors.TransientError, errors.Conflict, errors.InvalidSpec, errors.NotFound):
-            deployment.status, deployment.message = "UNKNOWN", "the deploy job cannot be read"
+            deployment.status, deployment.message = Status.UNKNOWN, "the deploy job cannot be read"
         return deployment
 
 

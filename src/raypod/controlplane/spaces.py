@@ -12,6 +12,7 @@ from raypod import spec as spec_mod
 from raypod.capabilities.spaces import ide
 from raypod.controlplane import capacity, identity
 from raypod.controlplane.clusters import ClusterService
+from raypod.state import SpaceState
 
 Verb = identity.Verb
 
@@ -85,7 +86,7 @@ class SpaceService:
         self._update(cluster, [s for s in cluster.spec.spaces if s.name != name], "SpaceDeleted", f"workspace {name}")
         if not keep_files:
             shutil.rmtree(ide.files_dir(self.home, namespace, name, space.owner).parent, ignore_errors=True)
-        return _view(cluster, space).model_copy(update={"state": "Deleted"})
+        return _view(cluster, space).model_copy(update={"state": SpaceState.DELETED})
 
     # -- internals ---------------------------------------------------------------------------------------
 
@@ -150,16 +151,18 @@ def _view(cluster: state.ClusterView, space: spec_mod.SpaceSpec) -> state.SpaceV
         python_env=space.python_env,
     )
     if not space.running:
-        return state.SpaceView(**base, state="Stopped", message="stopped: its files are kept")
+        return state.SpaceView(**base, state=SpaceState.STOPPED, message="stopped: its files are kept")
     if cluster.status.observed_generation < cluster.generation:
         # The status predates the last change (a stop then a start, a move): its node may be on its way out.
-        return state.SpaceView(**base, state="Starting", message="the control plane has not applied the change yet")
+        return state.SpaceView(
+            **base, state=SpaceState.STARTING, message="the control plane has not applied the change yet"
+        )
     observed = next((n for n in cluster.status.nodes if n.name == node), None)
     answers = bool(cluster.status.endpoints.get(f"space/{space.name}"))
     # Ready means a notebook's first ray.init() connects at once: the IDE answers and its node is in the cluster.
     if answers and observed is not None and observed.phase is state.NodePhase.RUNNING:
-        return state.SpaceView(**base, state="Ready")
+        return state.SpaceView(**base, state=SpaceState.READY)
     message = f"node {node} is {observed.phase.value}" if observed else f"node {node} is not started yet"
     if answers:
         message += "; the IDE answers"
-    return state.SpaceView(**base, state="Starting", message=message)
+    return state.SpaceView(**base, state=SpaceState.STARTING, message=message)
