@@ -48,7 +48,7 @@ def test_jobs_submit_list_get_logs_stop(sdk: Client, backend: FakeBackend) -> No
     stopped = sdk.jobs.stop(job.id)
     assert stopped.stop_requested
     assert sdk.jobs.wait(job.id, timeout=10).status is state.JobStatus.STOPPED
-    with pytest.raises(errors.InvalidSpec, match="not a raypod job id"):
+    with pytest.raises(errors.InvalidSpec, match="not a job id"):
         sdk.jobs.get("../../tokens")
     with pytest.raises(errors.NotFound):
         sdk.jobs.get("rj-0000000000")
@@ -96,6 +96,9 @@ def test_jobs_of_plain_ray_tooling_are_listed_marked_and_followed(sdk: Client, b
     assert job.id == supervisor.imported_id(view.uid, "raysubmit_abc")
     assert job.spec.entrypoint == "python plain.py" and job.owner == ""
     assert sdk.jobs.logs(job.id) == "logs of raysubmit_abc\n"
+    # Plain-Ray users know it by Ray's id: the SDK (and so the CLI) takes it wherever it takes raypod's.
+    assert sdk.jobs.get("raysubmit_abc").id == job.id
+    assert sdk.jobs.logs("raysubmit_abc") == "logs of raysubmit_abc\n"
     backend.finish_job(view.uid, "raysubmit_abc", "SUCCEEDED")
     assert sdk.jobs.wait(job.id, timeout=10).status is state.JobStatus.SUCCEEDED
     assert len(sdk.jobs.list("demo")) == 1, "imported twice"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -21,22 +22,22 @@ def quota_path(team: str | None, namespace: str | None) -> str:
 
 
 def checked_name(value: str, what: str = "name") -> str:
-    if not spec_mod.DNS1123_LABEL.match(value) or len(value) > 63:
+    if not spec_mod.is_dns_label(value):
         raise errors.InvalidSpec(f"{what} '{value[:80]}' is not a valid DNS-1123 label")
     return value
 
 
 def checked_job_id(value: str) -> str:
-    if not value.startswith("rj-") or not value[3:].isalnum() or len(value) > 32:
-        raise errors.InvalidSpec(f"'{value[:40]}' is not a raypod job id (rj-...); see 'raypod job list'")
+    """raypod's id (rj-...) or Ray's submission id of one of the job's attempts (raysubmit_...)."""
+    if not re.match(spec_mod.JOB_ID_PATTERN, value):
+        raise errors.InvalidSpec(
+            f"'{value[:40]}' is not a job id (raypod's rj-... or Ray's raysubmit_...); see 'raypod job list'"
+        )
     return value
 
 
 def namespaced_path(namespace: str, name: str, verb: str | None = None) -> str:
-    for value, what in ((namespace, "namespace"), (name, "cluster name")):
-        if not spec_mod.DNS1123_LABEL.match(value) or len(value) > 63:
-            raise errors.InvalidSpec(f"{what} '{value}' is not a valid DNS-1123 label")
-    path = f"/api/v1/namespaces/{namespace}/clusters/{name}"
+    path = f"/api/v1/namespaces/{checked_name(namespace, 'namespace')}/clusters/{checked_name(name, 'cluster name')}"
     return f"{path}/{verb}" if verb else path
 
 

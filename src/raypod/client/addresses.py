@@ -24,7 +24,7 @@ def parse(address: str) -> tuple[str, str]:
         InvalidSpec: not a cluster[/namespace] pair of DNS-1123 labels.
     """
     parts = address.strip().strip("/").split("/")
-    if not 1 <= len(parts) <= 2 or not all(spec.DNS1123_LABEL.match(p) and len(p) <= 63 for p in parts):
+    if not 1 <= len(parts) <= 2 or not all(spec.is_dns_label(p) for p in parts):
         raise errors.InvalidSpec(f"'raypod://{address}' is not raypod://<cluster>[/<namespace>]")
     cluster, namespace = parts[0], parts[1] if len(parts) == 2 else "default"
     return namespace, cluster

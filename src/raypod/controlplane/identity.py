@@ -368,5 +368,5 @@ def session_hash(session_id: str) -> str:
 
 
 def _check_name(value: str, what: str) -> None:
-    if not spec_mod.DNS1123_LABEL.match(value) or len(value) > 63:
+    if not spec_mod.is_dns_label(value):
         raise errors.InvalidSpec(f"{what} '{value}' must be a DNS-1123 label (lowercase letters, digits, '-')")

@@ -74,7 +74,7 @@ def parse_label(label: str) -> Target | None:
     else:
         return None
     for value in (target.namespace, target.name):
-        if len(value) > 63 or not spec_mod.DNS1123_LABEL.match(value):
+        if not spec_mod.is_dns_label(value):
             return None
     return target if target.label == label else None
 

@@ -38,6 +38,7 @@ from raypod.spec.hangwatch import (
     parse_hang_overrides,
 )
 from raypod.spec.jobs import (
+    JOB_ID_PATTERN,
     MAX_JOB_BACKOFF_S,
     JobSpec,
 )
@@ -97,6 +98,7 @@ from raypod.spec.values import (
     clean_message,
     describe_validation_error,
     format_bytes,
+    is_dns_label,
     parse_bytes,
     parse_duration,
     problems,
@@ -410,6 +412,7 @@ __all__ = [
     "HANG_RULE_FIELDS",
     "HEAD_GROUP",
     "IDE_SIDECAR",
+    "JOB_ID_PATTERN",
     "LABEL_KEY",
     "LABEL_VALUE",
     "MAX_CPUS_PER_NODE",
@@ -463,6 +466,7 @@ __all__ = [
     "describe_validation_error",
     "format_bytes",
     "hang_overrides_from_metadata",
+    "is_dns_label",
     "load_hang_rules",
     "load_spec",
     "load_spec_data",

@@ -18,6 +18,8 @@ from raypod.spec.values import (
 )
 
 MAX_JOB_BACKOFF_S = 300.0
+# A job's id: raypod's, or Ray's submission id of one of its attempts (what plain Ray tooling printed).
+JOB_ID_PATTERN = r"^(rj-[0-9a-f]{10}|raysubmit_[A-Za-z0-9]{1,64})$"
 
 
 class JobSpec(BaseModel):

@@ -116,8 +116,13 @@ def parse_duration(value: Any) -> float:
     return seconds
 
 
+def is_dns_label(value: str, max_len: int = 63) -> bool:
+    """A DNS-1123 label: what every raypod name (namespace, cluster, node, workspace) is."""
+    return 0 < len(value) <= max_len and DNS1123_LABEL.match(value) is not None
+
+
 def check_dns_label(value: str, what: str, *, max_len: int) -> None:
-    if not value or len(value) > max_len or not DNS1123_LABEL.match(value):
+    if not is_dns_label(value, max_len):
         raise ValueError(
             f"{what} '{value}' must be 1-{max_len} characters of lowercase letters, digits and '-', "
             "starting and ending with a letter or digit"

@@ -156,6 +156,12 @@ class Records:
 
     @staticmethod
     def _secret(path: Path) -> str:
+        """Read first: the gateway asks for a workspace's sidecar token on every request, and it exists after the
+        first. A racing first use that loses the creation reads the winner's."""
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            pass
         try:
             return new_secret(path)
         except FileExistsError:

@@ -134,7 +134,7 @@ def _name_filter(value: str | None) -> str | None:
     """A filter box's value: empty means no filter, and a name that cannot exist matches nothing."""
     if not value:
         return None
-    return value if spec_mod.DNS1123_LABEL.match(value) else "-"
+    return value if spec_mod.is_dns_label(value) else "-"
 
 
 def _namespaces(request: Request, principal: identity.Principal) -> list[str]:

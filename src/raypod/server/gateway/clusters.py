@@ -101,7 +101,7 @@ def serve_apps(backend: object, view: state.ClusterView) -> dict[str, str]:
 
 def check_names(namespace: str, name: str) -> None:
     for value, what in ((namespace, "namespace"), (name, "cluster name")):
-        if len(value) > 63 or not spec_mod.DNS1123_LABEL.match(value):
+        if not spec_mod.is_dns_label(value):
             raise errors.NotFound(f"{what} '{value[:80]}' is not a valid name")
 
 

@@ -17,8 +17,7 @@ from raypod.server.routes import part
 from raypod.server.routes.clusters import NamePath
 
 router = APIRouter(prefix="/api/v1", tags=["jobs"])
-# raypod's id, or Ray's submission id of one of the job's attempts (what plain Ray tooling printed).
-JobIdPath = Annotated[str, Path(pattern=r"^(rj-[0-9a-f]{10}|raysubmit_[A-Za-z0-9]{1,64})$")]
+JobIdPath = Annotated[str, Path(pattern=spec_mod.JOB_ID_PATTERN)]
 
 
 Service = Annotated[jobs.JobService, part("jobs")]
