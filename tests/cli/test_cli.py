@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,12 +139,16 @@ def test_job_commands_make_one_sdk_call_each(server: TestClient, backend: FakeBa
     assert job["spec"]["entrypoint"] == "python x.py" and job["submitted_via"] == "raypod"
     listed = runner.invoke(app, ["job", "list", "-c", "demo"])
     assert job["id"] in listed.stdout and "via=raypod" in listed.stdout
+    deadline = time.monotonic() + 10  # the job supervisor submits it
+    while not json.loads(runner.invoke(app, ["job", "get", job["id"], "-o", "json"]).stdout)["attempts"]:
+        assert time.monotonic() < deadline, "the job was never submitted to Ray"
+        time.sleep(0.05)
     logs = runner.invoke(app, ["job", "logs", job["id"]])
     assert logs.stdout == f"logs of {job['id']}-1\n"
     stopped = runner.invoke(app, ["job", "stop", job["id"]])
     assert stopped.exit_code == 0 and "stop requested" in stopped.stdout
     bad = runner.invoke(app, ["job", "get", "not-a-job"])
-    assert bad.exit_code == 1 and "not a raypod job id" in bad.stderr
+    assert bad.exit_code == 1 and "not a job id" in bad.stderr
 
 
 def test_token_user_team_namespace_commands(server: TestClient) -> None:
