@@ -37,13 +37,22 @@ def ready_cluster(sdk: Client) -> state.ClusterView:
     return sdk.clusters.wait_ready("demo", timeout=10)
 
 
+def submitted(sdk: Client, job_id: str) -> state.JobView:
+    """The job once the supervisor has submitted its first attempt."""
+    deadline = time.monotonic() + 10
+    while not (job := sdk.jobs.get(job_id)).attempts:
+        assert time.monotonic() < deadline, "the job was never submitted to Ray"
+        time.sleep(0.05)
+    return job
+
+
 def test_jobs_submit_list_get_logs_stop(sdk: Client, backend: FakeBackend) -> None:
     ready_cluster(sdk)
     job = sdk.jobs.submit("demo", spec_mod.JobSpec(entrypoint="python train.py", max_retries=1))
     assert isinstance(job, state.JobView) and job.owner == "admin"
     assert job.submitted_via is state.SubmittedVia.RAYPOD
     assert [j.id for j in sdk.jobs.list("demo")] == [job.id]
-    assert sdk.jobs.get(job.id).spec.entrypoint == "python train.py"
+    assert submitted(sdk, job.id).spec.entrypoint == "python train.py"
     assert sdk.jobs.logs(job.id) == f"logs of {job.id}-1\n"
     stopped = sdk.jobs.stop(job.id)
     assert stopped.stop_requested
@@ -57,10 +66,7 @@ def test_jobs_submit_list_get_logs_stop(sdk: Client, backend: FakeBackend) -> No
 def test_an_attempt_ray_lost_with_its_head_is_failed_and_retried(sdk: Client, backend: FakeBackend) -> None:
     view = ready_cluster(sdk)
     job = sdk.jobs.submit("demo", spec_mod.JobSpec(entrypoint="python train.py", max_retries=1, backoff_s=0))
-    for _ in range(200):  # the supervisor submits its first attempt
-        if sdk.jobs.get(job.id).attempts:
-            break
-        time.sleep(0.05)
+    submitted(sdk, job.id)
     # The head is replaced without GCS fault tolerance: the new head's Ray has never heard of the submission.
     backend.ray_jobs[view.uid].clear()
     for _ in range(200):
