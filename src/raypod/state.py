@@ -343,7 +343,7 @@ class RunProgress(BaseModel):
 
 class ServeReplica(BaseModel):
     id: str
-    state: SpaceState
+    state: str  # Serve's replica state (RUNNING, STARTING, ...)
     node_id: str | None = None
     pid: int | None = None
 
@@ -365,7 +365,7 @@ class SpaceView(BaseModel):
     cluster: str
     kind: str
     owner: str | None
-    state: str
+    state: SpaceState
     message: str = ""
     url: str = Field(description="Path of the IDE on raypod's server.")
     node: str = Field(description="The workspace's Ray node (0 CPUs, label raypod.io/space).")

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -98,13 +99,21 @@ def test_adding_a_model_the_nodes_cannot_read_warns_at_once(tmp_path: Path, mode
 
 
 class ServingBackend(FakeBackend):
-    """Clusters with a Serve endpoint (no Serve answers on it: a submitted deployment reads as UNKNOWN)."""
+    """Clusters with a Serve endpoint; the dashboard answers Serve's applications with ``serve_applications``
+    (None: it does not answer, and a submitted deployment reads as UNKNOWN)."""
+
+    serve_applications: dict[str, Any] | None = None
 
     def observe(self, cluster_id: str) -> state.ObservedCluster:
         observed = super().observe(cluster_id)
         if observed.endpoints:
             observed.endpoints["serve"] = f"http://fake:8000/{cluster_id}"
         return observed
+
+    def _answer_job_api(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/api/serve/applications/") and self.serve_applications is not None:
+            return httpx.Response(200, json={"applications": self.serve_applications})
+        return super()._answer_job_api(request)
 
 
 def test_a_deploy_is_stored_and_the_applier_checks_the_files_submits_and_deletes_it(
@@ -142,6 +151,10 @@ def test_a_deploy_is_stored_and_the_applier_checks_the_files_submits_and_deletes
         submitted = until(client, admin, f"{url}/good", lambda d: d["deploy_job"] != "")
         assert submitted["deploy_job"].startswith("rs-deploy-good-") and submitted["status"] == "UNKNOWN"
         assert submitted["deploy_job"] in backend.ray_jobs[uid]
+        replica = {"replica_id": "r1", "state": "STARTING", "node_id": "n1", "pid": 7}
+        backend.serve_applications = {"good": {"status": "RUNNING", "deployments": {"d": {"replicas": [replica]}}}}
+        running = client.get(f"{url}/good", headers=admin).json()
+        assert running["status"] == "RUNNING" and [r["state"] for r in running["replicas"]] == ["STARTING"]
 
         deleting = client.delete(f"{url}/good", headers=admin)
         assert deleting.status_code == 202 and deleting.json()["status"] == "DELETING"
