@@ -12,22 +12,22 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 
 DEBIAN_PACKAGES=(chromium prometheus iptables)
-missing=()
-for package in "${DEBIAN_PACKAGES[@]}"; do
-  command -v "$package" >/dev/null 2>&1 || missing+=("$package")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  SUDO=""
+debian_packages() {
+  local missing=() package SUDO=""
+  for package in "${DEBIAN_PACKAGES[@]}"; do
+    command -v "$package" >/dev/null 2>&1 || missing+=("$package")
+  done
+  [ "${#missing[@]}" -eq 0 ] && return 0
   if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO="sudo -n"; fi
   if command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" -eq 0 ] || [ -n "$SUDO" ]; }; then
     echo "installing Debian packages: ${missing[*]}"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    $SUDO apt-get update -qq &&
+      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   else
     echo "cannot install ${missing[*]} (needs apt-get and root or sudo): their tests (browser: chromium;" \
       "observability: prometheus; network cut-off: iptables) will be skipped"
   fi
-fi
+}
 
 # Each phase says how long it took (the suite's budget is 20 minutes on 2 cores: see where the time goes).
 phase() {
@@ -62,7 +62,8 @@ pytest() {
 
 # Lint and types run beside the tests that start no Ray node, which run in two processes (pytest-xdist, a module
 # per process at a time): the three share both cores. The e2e tests (real servers and clusters, marked e2e) then
-# have the host to themselves, in one process: several assert timings that a second process would disturb.
+# run in two processes too, a module per process: much of their time is spent waiting on Ray (nodes starting,
+# health checks, training steps), which the other process fills (1,562 s in one process, 968 s in two).
 checks_beside_unit_tests() {
   local log rc=0
   log=$(mktemp)
@@ -75,13 +76,21 @@ checks_beside_unit_tests() {
   return "$rc"
 }
 
+# The Debian packages install beside pip (each waits on the network more than on the CPU).
+debian_log=$(mktemp)
+debian_packages >"$debian_log" 2>&1 &
+debian=$!
 phase install install || exit 1
+wait "$debian" || { cat "$debian_log"; echo "installing Debian packages failed"; exit 1; }
+cat "$debian_log"
+rm -f "$debian_log"
 if [ "$#" -gt 0 ]; then
   # A chosen subset (extra arguments go to pytest): one run, after lint and types.
   phase checks checks && phase tests pytest --durations=30 "$@"
 else
   failed=0
   phase "lint, types and unit tests" checks_beside_unit_tests || failed=1
-  phase "e2e tests" pytest --durations=30 -m e2e || failed=1
+  # In the order tests/conftest.py gives (the longest modules first), not xdist's (the most tests first).
+  phase "e2e tests" pytest --durations=30 -m e2e -n 2 --dist loadfile --no-loadscope-reorder || failed=1
   exit "$failed"
 fi

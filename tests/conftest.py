@@ -109,7 +109,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--reverse", action="store_true", help="run the collected tests in reverse order")
 
 
+# The modules whose tests take longest in all (real Ray Train runs, node replacements), longest first: with the e2e
+# tests in two processes a module per process (scripts/test.sh), they start first so that no long module starts last
+# and leaves the other process idle at the end (the governance module, started last, kept one waiting 150 s).
+STARTED_FIRST = (
+    "tests/e2e/test_resilience.py",
+    "tests/e2e/test_hangwatch.py",
+    "tests/e2e/test_ray_libraries.py",
+    "tests/e2e/test_governance.py",
+    "tests/e2e/test_serving.py",
+    "tests/checkpoint/test_ray_train.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        module = item.nodeid.split("::", 1)[0]
+        return STARTED_FIRST.index(module) if module in STARTED_FIRST else len(STARTED_FIRST)
+
+    items.sort(key=rank)  # stable: the other modules keep their order
     if config.getoption("--reverse"):
         items.reverse()
 
