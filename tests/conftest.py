@@ -109,9 +109,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--reverse", action="store_true", help="run the collected tests in reverse order")
 
 
-# The modules whose tests take longest in all (real Ray Train runs, node replacements), longest first: with the e2e
-# tests in two processes a module per process (scripts/test.sh), they start first so that no long module starts last
-# and leaves the other process idle at the end (the governance module, started last, kept one waiting 150 s).
+# The order modules run in: the e2e modules whose tests take longest in all (real Ray Train runs, node
+# replacements), longest first; then the other e2e modules; then the unit tests. With the whole suite in two
+# processes, a module per process (scripts/test.sh), no long module starts last and leaves the other process idle
+# at the end (the governance module, started last, kept one waiting 150 s); the short unit modules fill the end.
 STARTED_FIRST = (
     "tests/e2e/test_resilience.py",
     "tests/e2e/test_hangwatch.py",
@@ -125,9 +126,11 @@ STARTED_FIRST = (
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         module = item.nodeid.split("::", 1)[0]
-        return STARTED_FIRST.index(module) if module in STARTED_FIRST else len(STARTED_FIRST)
+        if module in STARTED_FIRST:
+            return STARTED_FIRST.index(module)
+        return len(STARTED_FIRST) + (0 if item.get_closest_marker("e2e") else 1)
 
-    items.sort(key=rank)  # stable: the other modules keep their order
+    items.sort(key=rank)  # stable: modules of one rank keep their order
     if config.getoption("--reverse"):
         items.reverse()
 

@@ -151,6 +151,13 @@ class GovernanceService:
             raise errors.Forbidden("only admins may export every team's quota")
         return kueue.objects(self.store.quotas(), self._teams(), self.priority_classes)
 
+    def delete_user(self, caller: identity.Principal, user: str) -> state.OwnerDeleted:
+        """Admins. Its tokens and sessions end at once; its queued clusters leave the queue (deleted, with an
+        event); its running clusters stay for their team's admins."""
+        identity.require_admin(caller, "delete users")
+        self.identities.delete_user(user)
+        return self.on_owner_deleted(user)
+
     def on_owner_deleted(self, user: str) -> state.OwnerDeleted:
         """A deleted user's queued clusters leave the queue (deleted: they run no node, so nothing is lost) with
         an event; its admitted clusters keep running for their team's admins to keep or delete."""

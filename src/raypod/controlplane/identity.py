@@ -97,6 +97,12 @@ def authorize_hidden(
     authorize(principal, verb, namespace, namespace_team, owner)
 
 
+def require_admin(principal: Principal, what: str) -> None:
+    """Raises Forbidden unless ``principal`` is an installation admin."""
+    if not principal.is_admin:
+        raise errors.Forbidden(f"only admins may {what}")
+
+
 def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
@@ -173,9 +179,25 @@ class IdentityService:
 
     # -- users, teams, namespaces --------------------------------------------------------------------------
 
-    def create_user(self, name: str, is_admin: bool = False) -> state.UserInfo:
+    # Each verb the API calls takes its caller as ``by`` and checks it; the server's own calls (the first start,
+    # tests) leave it out.
+
+    def create_user(
+        self,
+        name: str,
+        is_admin: bool = False,
+        *,
+        by: Principal | None = None,
+        team: str | None = None,
+        role: state.Role = state.Role.MEMBER,
+    ) -> state.UserInfo:
+        """A user, member of ``team`` with ``role`` if one is given. Admins only."""
+        if by is not None:
+            require_admin(by, "create users")
         _check_name(name, "user name")
         self.records.insert_user(name, is_admin)
+        if team:
+            self.add_member(team, name, role)
         return self.user(name)
 
     def user(self, name: str) -> state.UserInfo:
@@ -192,10 +214,14 @@ class IdentityService:
         self.records.delete_user(name, is_admin=info.is_admin)
         self.cache.clear()
 
-    def list_users(self) -> builtins.list[state.UserInfo]:
+    def list_users(self, *, by: Principal | None = None) -> builtins.list[state.UserInfo]:
+        if by is not None:
+            require_admin(by, "list users")
         return [self.user(name) for name in self.records.user_names()]
 
-    def create_team(self, name: str) -> None:
+    def create_team(self, name: str, *, by: Principal | None = None) -> None:
+        if by is not None:
+            require_admin(by, "create teams")
         _check_name(name, "team name")
         self.records.insert_team(name)
 
@@ -205,13 +231,19 @@ class IdentityService:
     def team_exists(self, team: str) -> bool:
         return self.records.team_exists(team)
 
-    def add_member(self, team: str, user: str, role: state.Role) -> None:
+    def add_member(self, team: str, user: str, role: state.Role, *, by: Principal | None = None) -> state.UserInfo:
+        """Admins, and admins of the team."""
+        if by is not None and not by.is_admin and by.teams.get(team) is not state.Role.ADMIN:
+            raise errors.Forbidden(f"only admins or admins of team '{team}' may add members")
         self.user(user)
         self._require_team(team)
         self.records.set_membership(team, user, role)
         self.cache.clear()
+        return self.user(user)
 
-    def create_namespace(self, name: str, team: str) -> state.NamespaceInfo:
+    def create_namespace(self, name: str, team: str, *, by: Principal | None = None) -> state.NamespaceInfo:
+        if by is not None:
+            require_admin(by, "create namespaces")
         _check_name(name, "namespace")
         self._require_team(team)
         self.records.insert_namespace(name, team)
@@ -220,8 +252,10 @@ class IdentityService:
     def namespace_team(self, name: str) -> str | None:
         return self.records.namespace_team(name)
 
-    def list_namespaces(self) -> builtins.list[state.NamespaceInfo]:
-        return self.records.namespaces()
+    def list_namespaces(self, *, by: Principal | None = None) -> builtins.list[state.NamespaceInfo]:
+        """Every namespace, or those of ``by``'s teams (admins see all)."""
+        found = self.records.namespaces()
+        return found if by is None or by.is_admin else [ns for ns in found if ns.team in by.teams]
 
     # -- tokens --------------------------------------------------------------------------------------------
 
@@ -273,8 +307,38 @@ class IdentityService:
         info = {k: v for k, v in row.items() if k not in ("secret_hash", "parent_id")} | {"parent": parent}
         return state.CreatedToken(**info, token=f"{TOKEN_PREFIX}_{token_id}_{secret}")
 
-    def list_tokens(self, user: str | None = None) -> builtins.list[state.TokenInfo]:
+    def list_tokens(self, user: str | None = None, *, by: Principal | None = None) -> builtins.list[state.TokenInfo]:
+        """``user``'s tokens (all of them: None); ``by`` sees its own, an admin every one."""
+        if by is not None:
+            user = None if by.is_admin else by.user
         return self.records.tokens(user)
+
+    def issue_token(
+        self,
+        by: Principal,
+        user: str | None,
+        name: str,
+        ttl: timedelta | None,
+        *,
+        ttl_asked: bool,
+        session_max_ttl: timedelta,
+    ) -> state.CreatedToken:
+        """A token ``by`` asked for, for itself or (admins) for ``user``. A browser session may not mint a token
+        that lives longer than ``session_max_ttl`` (a stolen cookie must not turn into a year-long credential); a
+        token made with a token (or a session's) never outlives it and dies with it. An admin's token for another
+        user is that user's own, not a child of the admin's. The default lifetime (``ttl_asked`` false) ends with
+        what bounds it rather than being refused."""
+        user = user or by.user
+        if user != by.user:
+            require_admin(by, "create tokens for other users")
+        not_after = store.now() + session_max_ttl if by.via_session else None
+        parent = by.token_id if user == by.user else None
+        if not ttl_asked and ttl is not None:
+            bounds = [not_after, by.token_expires_at if parent else None]
+            ends = min((b for b in bounds if b is not None), default=None)
+            if ends is not None:
+                ttl = max(timedelta(seconds=1), min(ttl, ends - store.now() - timedelta(seconds=1)))
+        return self.create_token(user, name, ttl, not_after=not_after, parent=parent)
 
     def token(self, token_id: str) -> state.TokenInfo:
         found = self.records.token(token_id)
@@ -282,10 +346,12 @@ class IdentityService:
             raise errors.NotFound(f"token '{token_id[:16]}' not found")
         return found
 
-    def revoke_token(self, token_id: str) -> state.TokenInfo:
+    def revoke_token(self, token_id: str, *, by: Principal | None = None) -> state.TokenInfo:
         """Revoke a token, every token made with it (and with those, down the line), and end every browser
-        session made from any of them, at once (the cache included)."""
+        session made from any of them, at once (the cache included). ``by`` revokes its own; admins any."""
         found = self.token(token_id)
+        if by is not None and found.user != by.user and not by.is_admin:
+            raise errors.NotFound(f"token '{token_id[:16]}' not found")  # as one that does not exist
         self.records.revoke_lineage(found.id)
         self.cache.clear()
         return self.token(found.id)

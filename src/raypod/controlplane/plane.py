@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from raypod import backends, config
+import raypod
+from raypod import backends, config, state
 from raypod.backends import base
 from raypod.controlplane import addons as node_addons
 from raypod.controlplane import loop, plan
@@ -96,6 +97,15 @@ class ControlPlane:
             supervisor=supervisor,
             deployments=applier,
             hangs=HangCollector(db, job_service, interval_s=side_interval_s, outbound=settings.outbound),
+        )
+
+    def info(self) -> state.ServerInfo:
+        """The server's version, backend and what isolates one namespace's jobs from another's."""
+        return state.ServerInfo(
+            version=raypod.__version__,
+            backend=type(self.backend).__name__,
+            tenancy=self.backend.tenancy.summary,
+            isolated=self.backend.tenancy.isolated,
         )
 
     def start(self) -> None:
