@@ -231,6 +231,25 @@ def test_the_supervisor_submits_a_stored_job_and_fails_it_with_rays_refusal(
     assert [a["submission_id"] for a in running["attempts"]] == [f"{again['id']}-1"]
 
 
+def test_an_attempt_ray_already_has_is_followed_not_failed(api: TestClient, backend: FakeBackend) -> None:
+    """The server stopped after Ray took an attempt and before the record said so: on the next pass the supervisor
+    submits the same id again, Ray refuses the duplicate, and the attempt it has is recorded and followed."""
+    api.post("/api/v1/clusters", json={"name": "demo", "head": {"cpus": 1, "memory": "1Gi"}}).raise_for_status()
+    uid = wait_for(api, PATH, ready).json()["uid"]
+    backend.refused_submission = "Job with submission_id already exists"
+    jobs = api.app.state.jobs  # type: ignore[attr-defined]
+    original = jobs.submit_attempt
+
+    def taken_before_a_crash(view: Any, job: Any) -> None:
+        backend.ray_submit(uid, f"{job.id}-1", job.spec.entrypoint)
+        original(view, job)
+
+    jobs.submit_attempt = taken_before_a_crash
+    submitted = api.post(f"{PATH}/jobs", json={"entrypoint": "python x.py"}).json()
+    running = wait_for(api, f"/api/v1/jobs/{submitted['id']}", lambda r: r.json()["status"] == "RUNNING").json()
+    assert [a["submission_id"] for a in running["attempts"]] == [f"{submitted['id']}-1"]
+
+
 def test_a_job_is_found_by_its_ray_submission_id_too(client: TestClient, admin: dict[str, str]) -> None:
     """Plain-Ray users know their job by ``raysubmit_...``: get, logs and stop take it as raypod's id."""
     client.post("/api/v1/clusters", json={"name": "c"}, headers=admin).raise_for_status()

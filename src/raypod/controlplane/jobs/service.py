@@ -211,6 +211,11 @@ class JobService:
         self.clusters.get(caller, namespace, cluster, identity.Verb.OPERATE)
 
     def submit_attempt(self, view: state.ClusterView, job: state.JobView) -> None:
+        """Submit the job's next attempt to Ray under a submission id of its own (``<job>-<attempt>``).
+
+        Raises:
+            InvalidSpec: Ray refused it. An attempt Ray already has (the server stopped after Ray took it and
+            before the record said so) is not refused: it is recorded and followed."""
         submission_id = f"{job.id}-{len(job.attempts) + 1}"
         if job.attempts:
             self._restore_packages(view, job)
@@ -220,7 +225,14 @@ class JobService:
             "runtime_env": job.spec.runtime_env or None,
             "metadata": {**job.spec.metadata, "raypod_job": job.id, "raypod_owner": job.owner},
         }
-        self.api(view).submit(body)
+        api = self.api(view)
+        try:
+            api.submit(body)
+        except errors.InvalidSpec as refusal:
+            try:
+                api.info(submission_id)
+            except errors.NotFound:
+                raise refusal from None
         job.attempts.append(state.Attempt(submission_id=submission_id, submitted_at=store.now()))
         job.status, job.next_attempt_at = state.JobStatus.PENDING, None
 
