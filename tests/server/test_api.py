@@ -231,6 +231,21 @@ def test_the_supervisor_submits_a_stored_job_and_fails_it_with_rays_refusal(
     assert [a["submission_id"] for a in running["attempts"]] == [f"{again['id']}-1"]
 
 
+def test_a_submission_ray_cannot_take_yet_is_tried_again(api: TestClient, backend: FakeBackend) -> None:
+    """Right after a head starts, Ray's job API answers 500 "No available agent to submit job, please try again
+    later" for a moment: the job stays PENDING and is submitted once Ray takes it (a CI run failed the job)."""
+    api.post("/api/v1/clusters", json={"name": "demo", "head": {"cpus": 1, "memory": "1Gi"}}).raise_for_status()
+    wait_for(api, PATH, ready)
+    backend.refused_submission = "No available agent to submit job, please try again later"
+    backend.refused_status = 500
+    submitted = api.post(f"{PATH}/jobs", json={"entrypoint": "python x.py"}).json()
+    time.sleep(0.5)  # a few supervisor passes (each 0.05 s) refused by Ray: the claim is what they leave
+    assert api.get(f"/api/v1/jobs/{submitted['id']}").json()["status"] == "PENDING"
+    backend.refused_submission = None
+    running = wait_for(api, f"/api/v1/jobs/{submitted['id']}", lambda r: r.json()["status"] == "RUNNING").json()
+    assert [a["submission_id"] for a in running["attempts"]] == [f"{submitted['id']}-1"]
+
+
 def test_an_attempt_ray_already_has_is_followed_not_failed(api: TestClient, backend: FakeBackend) -> None:
     """The server stopped after Ray took an attempt and before the record said so: on the next pass the supervisor
     submits the same id again, Ray refuses the duplicate, and the attempt it has is recorded and followed."""

@@ -43,7 +43,9 @@ class FakeBackend:
         self.held_starting: set[str] = set()  # node names that stay Starting until removed from this set
         self.unreachable: set[str] = set()  # clusters whose GCS does not answer (see ``set_gcs_reachable``)
         self.ray_jobs: dict[str, dict[str, dict[str, Any]]] = {}
-        self.refused_submission: str | None = None  # set: Ray's job API answers each submission 400 with it
+        # Set: Ray's job API answers each submission with it, status refused_status.
+        self.refused_submission: str | None = None
+        self.refused_status = 400
         self.quarantined: list[tuple[str, str, float]] = []  # (cluster, node, seconds) of each replaced node
         self._incarnations = 0
         # Per cluster, node -> a directory a test fills as a node's hangwatch agent would (no agent runs here).
@@ -217,7 +219,7 @@ class FakeBackend:
                 return httpx.Response(200 if name in held else 404, text="")
             if path == "api/jobs/" and request.method == "POST":
                 if self.refused_submission is not None:
-                    return httpx.Response(400, text=self.refused_submission)
+                    return httpx.Response(self.refused_status, text=self.refused_submission)
                 body = json.loads(request.content)
                 found[body["submission_id"]] = {**body, "status": "RUNNING", "metadata": body.get("metadata") or {}}
                 return httpx.Response(200, json={"submission_id": body["submission_id"]})

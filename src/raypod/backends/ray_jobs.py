@@ -64,7 +64,8 @@ class RayJobApi:
         )
 
     def _call(self, method: str, path: str, headers_extra: dict[str, str] | None = None, **kwargs: Any) -> Any:
-        """Raises TransientError (dashboard not answering), InvalidSpec (Ray refused the request)."""
+        """Raises TransientError (dashboard not answering, or a 5xx: Ray cannot take it now), InvalidSpec (Ray
+        refused the request)."""
         headers = {**self.headers, **(headers_extra or {})}
         try:
             response = self.http.request(method, f"{self.url}{path}", headers=headers, **kwargs)
@@ -72,6 +73,10 @@ class RayJobApi:
             raise errors.TransientError(f"cluster dashboard is not answering ({type(exc).__name__})") from None
         if response.status_code == 404:
             raise errors.NotFound(f"Ray has no such job ({path})")
+        if response.status_code >= 500:  # e.g. "No available agent to submit job, please try again later."
+            raise errors.TransientError(
+                f"Ray cannot take the request now ({response.status_code}): {response.text[:300]}"
+            )
         if response.status_code >= 400:
             raise errors.InvalidSpec(f"Ray refused the request ({response.status_code}): {response.text[:300]}")
         try:

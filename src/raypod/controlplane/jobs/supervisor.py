@@ -24,6 +24,7 @@ from raypod.controlplane.periodic import Periodic
 log = logging.getLogger(__name__)
 
 IMPORT_INTERVAL_S = 3.0
+SUBMIT_PATIENCE_S = 120.0  # how long a first submission Ray cannot take yet is tried again
 IMPORT_BATCH = 100
 IMPORTED_PHASES = frozenset({state.ClusterPhase.READY, state.ClusterPhase.DEGRADED})
 LOST_ATTEMPT = "Ray has no record of this attempt: the cluster's head was replaced and its job table with it"
@@ -141,7 +142,12 @@ class JobSupervisor(Periodic):
                 if not _runs(view):
                     return
                 self.jobs.submit_attempt(view, job)
-        except errors.InvalidSpec as exc:
+        except (errors.InvalidSpec, errors.TransientError) as exc:
+            # Ray answers "try again later" for a while after a head starts (no job agent yet): tried again on the
+            # next passes, for SUBMIT_PATIENCE_S at most.
+            waited = (store.now() - job.created_at).total_seconds()
+            if isinstance(exc, errors.TransientError) and waited < SUBMIT_PATIENCE_S:
+                raise
             refused = state.Attempt(
                 submission_id=f"{job.id}-1", status="FAILED", message=exc.message[:500], submitted_at=store.now()
             )
