@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -43,3 +44,16 @@ def wait_ready(client: TestClient, headers: dict[str, str], namespace: str, name
             return
         time.sleep(0.05)
     raise AssertionError(f"{namespace}/{name} never became Ready")
+
+
+def add_model(client: TestClient, headers: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
+    """POST a catalog source (202) and wait for the serving applier's verdict: the addition, ADDED or FAILED."""
+    asked = client.post("/api/v1/models", json=body, headers=headers)
+    assert asked.status_code == 202, asked.text
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        addition: dict[str, Any] = client.get(f"/api/v1/models/{body['id']}/addition", headers=headers).json()
+        if addition["status"] != "INSPECTING":
+            return addition
+        time.sleep(0.05)
+    raise AssertionError(f"model {body['id']} is still being added")

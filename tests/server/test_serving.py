@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from raypod import config, state
 from raypod.backends.fake import FakeBackend
 from raypod.server.app import create_app
-from tests.server.conftest import make_user, wait_ready
+from tests.server.conftest import add_model, make_user, wait_ready
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +32,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_catalog_reads_a_source_and_guards_its_entries(
     client: TestClient, admin: dict[str, str], model_dir: Path
 ) -> None:
-    added = client.post("/api/v1/models", json={"id": "org/tiny", "source": str(model_dir)}, headers=admin)
-    assert added.status_code == 201, added.text
-    entry = added.json()
+    added = add_model(client, admin, {"id": "org/tiny", "source": str(model_dir)})
+    assert added["status"] == "ADDED", added
+    entry = added["entry"]
     assert entry["architecture"] == "LlamaForCausalLM" and entry["max_context"] == 512 and entry["added_by"] == "admin"
     assert client.get("/api/v1/models/org/tiny", headers=admin).json()["files"] == entry["files"]
     again = client.post("/api/v1/models", json={"id": "org/tiny", "source": str(model_dir)}, headers=admin)
@@ -42,21 +42,48 @@ def test_the_catalog_reads_a_source_and_guards_its_entries(
     alice = make_user(client, admin, "alice", "ml")
     assert [m["id"] for m in client.get("/api/v1/models", headers=alice).json()] == ["org/tiny"]
     assert client.delete("/api/v1/models/org/tiny", headers=alice).status_code == 403
-    missing = client.post("/api/v1/models", json={"id": "gone", "source": str(model_dir / "nope")}, headers=admin)
-    assert missing.status_code == 422 and "does not exist" in missing.json()["message"]
+    assert client.post("/api/v1/models", json={"id": "x", "source": str(model_dir)}, headers=alice).status_code == 403
+    missing = add_model(client, admin, {"id": "gone", "source": str(model_dir / "nope")})
+    assert missing["status"] == "FAILED" and "does not exist" in missing["failure"], missing
+    assert client.get("/api/v1/models/gone", headers=admin).status_code == 404, "a failed source is no entry"
+    assert client.get("/api/v1/models/gone/addition", headers=alice).json()["status"] == "FAILED"
+    fixed = add_model(client, admin, {"id": "gone", "source": str(model_dir)})
+    assert fixed["status"] == "ADDED", "a failed request is asked again with the same id"
+    assert client.delete("/api/v1/models/gone", headers=admin).status_code == 200
     secret = {"id": "s", "source": "s3://b/m", "storage_options": {"key": "AKIA", "secret": "x"}}
     refused = client.post("/api/v1/models", json=secret, headers=admin)
     assert refused.status_code == 422 and "AKIA" not in refused.text
     assert client.get("/api/v1/models/no-such", headers=alice).status_code == 404
+    assert client.get("/api/v1/models/no-such/addition", headers=alice).status_code == 404
     assert client.get("/api/v1/models").status_code == 401
     assert client.delete("/api/v1/models/org/tiny", headers=admin).status_code == 200
     assert client.get("/api/v1/models", headers=admin).json() == []
 
 
+def test_no_request_reads_a_source_and_a_second_request_for_the_same_id_waits_its_turn(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """The serving applier reads sources; the request only stores what was asked. With the applier not running,
+    a POST answers INSPECTING and the catalog stays empty until a pass."""
+    settings = config.Settings(home=tmp_path, reconcile_interval_s=0.05, tls=False)
+    with TestClient(create_app(settings, backend=FakeBackend()), raise_server_exceptions=False) as client:
+        plane = client.app.state.control_plane  # type: ignore[attr-defined]
+        plane.serving_applier.stop()
+        admin = {"Authorization": f"Bearer {json.loads((tmp_path / 'credentials').read_text())['token']}"}
+        asked = client.post("/api/v1/models", json={"id": "tiny", "source": str(model_dir)}, headers=admin)
+        assert asked.status_code == 202 and asked.json()["status"] == "INSPECTING"
+        assert client.get("/api/v1/models", headers=admin).json() == []
+        twice = client.post("/api/v1/models", json={"id": "tiny", "source": str(model_dir)}, headers=admin)
+        assert twice.status_code == 409 and "being added" in twice.json()["message"]
+        plane.serving_applier.run_once()
+        assert client.get("/api/v1/models/tiny/addition", headers=admin).json()["status"] == "ADDED"
+        assert [m["id"] for m in client.get("/api/v1/models", headers=admin).json()] == ["tiny"]
+
+
 def test_a_deploy_is_refused_with_a_clear_message_before_it_reaches_the_cluster(
     client: TestClient, admin: dict[str, str], model_dir: Path
 ) -> None:
-    client.post("/api/v1/models", json={"id": "tiny", "source": str(model_dir)}, headers=admin).raise_for_status()
+    assert add_model(client, admin, {"id": "tiny", "source": str(model_dir)})["status"] == "ADDED"
     spec = {"name": "c", "head": {"cpus": 1, "memory": "256Mi"}, "worker_groups": []}
     client.post("/api/v1/clusters", json=spec, headers=admin).raise_for_status()
     wait_ready(client, admin, "default", "c")
@@ -87,13 +114,12 @@ class HidingBackend(FakeBackend):
         return "sandboxed nodes have a /tmp of their own" if path.startswith(tempfile.gettempdir()) else None
 
 
-def test_adding_a_model_the_nodes_cannot_read_warns_at_once(tmp_path: Path, model_dir: Path) -> None:
+def test_adding_a_model_the_nodes_cannot_read_warns_when_it_is_added(tmp_path: Path, model_dir: Path) -> None:
     settings = config.Settings(home=tmp_path / "home", reconcile_interval_s=0.05, tls=False)
     with TestClient(create_app(settings, backend=HidingBackend()), raise_server_exceptions=False) as client:
         admin = {"Authorization": f"Bearer {json.loads((tmp_path / 'home' / 'credentials').read_text())['token']}"}
-        added = client.post("/api/v1/models", json={"id": "tiny", "source": str(model_dir)}, headers=admin)
-        assert added.status_code == 201, added.text
-        [warning] = added.json()["warnings"]
+        added = add_model(client, admin, {"id": "tiny", "source": str(model_dir)})
+        [warning] = added["entry"]["warnings"]
         assert "cannot read" in warning and "will be refused" in warning
         assert client.get("/api/v1/models/tiny", headers=admin).json()["warnings"] == [], "said once, not stored"
 
@@ -128,7 +154,7 @@ def test_a_deploy_is_stored_and_the_applier_checks_the_files_submits_and_deletes
     with TestClient(create_app(settings, backend=backend), raise_server_exceptions=False) as client:
         admin = {"Authorization": f"Bearer {json.loads((tmp_path / 'home' / 'credentials').read_text())['token']}"}
         for model, source in (("tiny", model_dir), ("broken", broken)):
-            client.post("/api/v1/models", json={"id": model, "source": str(source)}, headers=admin).raise_for_status()
+            assert add_model(client, admin, {"id": model, "source": str(source)})["status"] == "ADDED"
         weights = broken / "model.safetensors"
         data = bytearray(weights.read_bytes())
         data[len(data) // 2] ^= 0xFF

@@ -33,18 +33,61 @@ class Models:
         description: str = "",
         replace: bool = False,
         timeout: float = 1800.0,
+        on_progress: Callable[[catalog.ModelAddition], None] | None = None,
     ) -> catalog.ModelEntry:
-        """The server reads and checksums every file of ``source`` (minutes for a large model)."""
+        """The server reads and checksums every file of ``source`` (minutes for a large model); this waits for it.
+        Raises InvalidSpec with the server's reason when the source cannot be read."""
+        addition = self.request(model_id, source, storage_options, description, replace)
+        if on_progress:
+            on_progress(addition)
+        done = self.wait_added(model_id, timeout=timeout, on_progress=on_progress)
+        assert done.entry is not None
+        return done.entry
+
+    def request(
+        self,
+        model_id: str,
+        source: str,
+        storage_options: dict[str, Any] | None = None,
+        description: str = "",
+        replace: bool = False,
+    ) -> catalog.ModelAddition:
+        """Ask for a model to be added and return at once (INSPECTING)."""
         body = catalog.ModelSource(
             id=model_id, source=source, storage_options=storage_options or {}, description=description
         )
         payload = self._t.request(
-            "POST", "/api/v1/models", json=body.model_dump(mode="json"), params={"replace": replace}, timeout=timeout
+            "POST", "/api/v1/models", json=body.model_dump(mode="json"), params={"replace": replace}
         )
-        return catalog.ModelEntry.model_validate(payload)
+        return catalog.ModelAddition.model_validate(payload)
 
-    def remove(self, model_id: str) -> catalog.ModelEntry:
-        return catalog.ModelEntry.model_validate(self._t.request("DELETE", f"/api/v1/models/{model_id}"))
+    def addition(self, model_id: str) -> catalog.ModelAddition:
+        return catalog.ModelAddition.model_validate(self._t.request("GET", f"/api/v1/models/{model_id}/addition"))
+
+    def wait_added(
+        self,
+        model_id: str,
+        timeout: float = 1800.0,
+        on_progress: Callable[[catalog.ModelAddition], None] | None = None,
+    ) -> catalog.ModelAddition:
+        def failed(addition: catalog.ModelAddition) -> errors.RaypodError | None:
+            if addition.status is catalog.AdditionStatus.FAILED:
+                return errors.InvalidSpec(addition.failure or f"model '{model_id}' could not be added")
+            return None
+
+        return poll(
+            lambda: self.addition(model_id),
+            lambda addition: addition.status is catalog.AdditionStatus.ADDED,
+            timeout=timeout,
+            every=0.5,
+            late=lambda addition: f"model '{model_id}' is still {addition.status} after {timeout:.0f}s",
+            on_progress=on_progress,
+            failed=failed,
+        )
+
+    def remove(self, model_id: str) -> catalog.ModelAddition:
+        """Remove the entry, or withdraw a request to add it."""
+        return catalog.ModelAddition.model_validate(self._t.request("DELETE", f"/api/v1/models/{model_id}"))
 
 
 class Serving:

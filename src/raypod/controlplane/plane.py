@@ -16,7 +16,7 @@ from raypod.controlplane.governance import GovernanceService
 from raypod.controlplane.hangwatch import HangCollector
 from raypod.controlplane.identity import IdentityService
 from raypod.controlplane.jobs import JobService, JobSupervisor
-from raypod.controlplane.serving import DeploymentApplier, ModelCatalog, ServingService
+from raypod.controlplane.serving import ModelCatalog, ServingApplier, ServingService
 from raypod.controlplane.spaces import SpaceService
 from raypod.controlplane.store import Store
 
@@ -36,7 +36,7 @@ class ControlPlane:
     serving: ServingService
     spaces: SpaceService
     supervisor: JobSupervisor
-    deployments: DeploymentApplier
+    serving_applier: ServingApplier
     hangs: HangCollector
 
     @classmethod
@@ -81,8 +81,8 @@ class ControlPlane:
         supervisor = JobSupervisor(job_service, interval_s=side_interval_s)
         job_service.wake = supervisor.wake
         serving = ServingService(clusters, ModelCatalog(db, settings.outbound))
-        applier = DeploymentApplier(serving, interval_s=side_interval_s)
-        serving.wake = applier.wake
+        applier = ServingApplier(serving, interval_s=side_interval_s)
+        serving.wake = serving.models.wake = applier.wake
         return cls(
             settings=settings,
             store=db,
@@ -95,7 +95,7 @@ class ControlPlane:
             serving=serving,
             spaces=SpaceService(clusters, settings.home),
             supervisor=supervisor,
-            deployments=applier,
+            serving_applier=applier,
             hangs=HangCollector(db, job_service, interval_s=side_interval_s, outbound=settings.outbound),
         )
 
@@ -109,9 +109,9 @@ class ControlPlane:
         )
 
     def start(self) -> None:
-        """The loops: the reconciler, the job supervisor, the deployment applier and the hang collector."""
+        """The loops: the reconciler, the job supervisor, the serving applier and the hang collector."""
         self.supervisor.start()
-        self.deployments.start()
+        self.serving_applier.start()
         self.hangs.start()
         self.reconciler.start()
 
@@ -119,7 +119,7 @@ class ControlPlane:
         """Stop the loops, then close the backend and the store."""
         self.hangs.stop()
         self.supervisor.stop()
-        self.deployments.stop()
+        self.serving_applier.stop()
         self.reconciler.stop()
         self.backend.close()
         self.store.close()

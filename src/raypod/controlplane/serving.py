@@ -26,6 +26,7 @@ from raypod.controlplane.jobs.supervisor import INTERNAL_JOB
 from raypod.controlplane.periodic import Periodic
 from raypod.controlplane.store.models import CatalogStore, DeploymentStore
 from raypod.serving import catalog
+from raypod.serving.catalog import AdditionStatus
 from raypod.serving.deploy import encode
 from raypod.serving.settings import DeployRequest, ServeSettings
 from raypod.state import DeploymentStatus as Status
@@ -45,15 +46,19 @@ class ModelCatalog:
     def __init__(self, db: store.Store, outbound_policy: outbound.Policy | None = None) -> None:
         self.records = CatalogStore(db.engine)
         self.outbound = outbound_policy or outbound.Policy()
+        self.wake: Callable[[], None] = lambda: None  # starts the serving applier's next pass now
 
-    def add(self, caller: identity.Principal, source: catalog.ModelSource, replace: bool = False) -> catalog.ModelEntry:
-        """Read and checksum the source (slow for large models). Installation admins only: the server reads the
-        source with its own rights and network (its files, its cloud credentials), and the catalog is shared by
-        every team (a well-known id is not for anyone to take).
+    def add(
+        self, caller: identity.Principal, source: catalog.ModelSource, replace: bool = False
+    ) -> catalog.ModelAddition:
+        """Ask for ``source`` to be added: the serving applier reads and checksums it (minutes for a large model),
+        so the answer is the request, INSPECTING. Installation admins only: the server reads the source with its
+        own rights and network (its files, its cloud credentials), and the catalog is shared by every team (a
+        well-known id is not for anyone to take).
 
         Raises:
-            Conflict (the id exists, not replacing), Forbidden (not an admin; a source the outbound policy
-            refuses), InvalidSpec (an unreadable or incomplete source)."""
+            Conflict (the id exists, not replacing; it is being added), Forbidden (not an admin; a source the
+            outbound policy refuses), InvalidSpec (a source scheme raypod does not read)."""
         if not caller.is_admin:
             raise errors.Forbidden(
                 "only installation admins add models to the catalog (the server reads the source with its own "
@@ -65,13 +70,55 @@ class ModelCatalog:
             if not replace:
                 raise errors.Conflict(f"model '{source.id}' is already in the catalog (add --replace to update it)")
             self._check_owner(caller, existing)
-        try:
-            entry = catalog.inspect(source)
-        except catalog.CatalogError as exc:
-            raise errors.InvalidSpec(str(exc)) from None
-        entry = entry.model_copy(update={"added_by": caller.user, "added_at": store.now(), "warnings": []})
-        self.records.save(entry, replacing=existing is not None)
-        return entry
+        pending = self.records.addition(source.id)
+        if pending is not None and pending["failure"] is None:
+            raise errors.Conflict(
+                f"model '{source.id}' is being added (by {pending['requested_by']}): see `raypod model show "
+                f"{source.id}`"
+            )
+        self.records.request(source, replace=existing is not None, by=caller.user, at=store.now())
+        self.wake()
+        return self.addition(source.id)
+
+    def addition(self, model_id: str) -> catalog.ModelAddition:
+        """How far adding ``model_id`` is: INSPECTING, FAILED (with why) or ADDED (with the entry)."""
+        request = self.records.addition(model_id)
+        if request is not None:
+            source = catalog.ModelSource.model_validate_json(request["source"])
+            return catalog.ModelAddition(
+                id=model_id,
+                status=AdditionStatus.FAILED if request["failure"] else AdditionStatus.INSPECTING,
+                source=source.source,
+                requested_by=request["requested_by"],
+                requested_at=store.aware(request["requested_at"]),
+                failure=request["failure"],
+            )
+        entry = self.get(model_id)
+        return catalog.ModelAddition(
+            id=model_id,
+            status=AdditionStatus.ADDED,
+            source=entry.source,
+            requested_by=entry.added_by,
+            requested_at=entry.added_at or store.now(),
+            entry=entry,
+        )
+
+    def inspect_pending(self) -> None:
+        """The serving applier's part for the catalog: read and checksum each requested source into its entry,
+        or record why it cannot be read."""
+        for request in self.records.additions():
+            source = catalog.ModelSource.model_validate_json(request["source"])
+            try:
+                self._check_source(source)  # the policy may have changed since the request
+                entry = catalog.inspect(source)
+            except catalog.CatalogError as exc:
+                self.records.addition_failed(request, str(exc)[:LOG_TAIL_CHARS])
+                continue
+            except errors.RaypodError as exc:
+                self.records.addition_failed(request, exc.message[:LOG_TAIL_CHARS])
+                continue
+            added = {"added_by": request["requested_by"], "added_at": store.now(), "warnings": []}
+            self.records.added(request, entry.model_copy(update=added))
 
     def list(self) -> builtins.list[catalog.ModelEntry]:
         return self.records.list()
@@ -85,11 +132,17 @@ class ModelCatalog:
             )
         return entry
 
-    def remove(self, caller: identity.Principal, model_id: str) -> catalog.ModelEntry:
-        entry = self.get(model_id)
-        self._check_owner(caller, entry)
+    def remove(self, caller: identity.Principal, model_id: str) -> catalog.ModelAddition:
+        """Remove the entry, or withdraw a request to add it (one that failed, or is still being read)."""
+        addition = self.addition(model_id)
+        if addition.entry is not None:
+            self._check_owner(caller, addition.entry)
+        elif not caller.is_admin and addition.requested_by != caller.user:
+            raise errors.Forbidden(
+                f"model '{model_id}' was asked for by {addition.requested_by}: only they or an admin withdraw it"
+            )
         self.records.delete(model_id)
-        return entry
+        return addition
 
     def _find(self, model_id: str) -> catalog.ModelEntry | None:
         return self.records.get(model_id)
@@ -137,7 +190,7 @@ class ServingService:
     def deploy(
         self, caller: identity.Principal, namespace: str, cluster: str, spec: spec_mod.ServeDeploySpec
     ) -> state.DeploymentView:
-        """Store the deployment (NOT_STARTED); the deployment applier checks the model's files and submits it on
+        """Store the deployment (NOT_STARTED); the serving applier checks the model's files and submits it on
         its next pass, which this starts at once. What can be told at once is refused here.
 
         Raises:
@@ -193,8 +246,9 @@ class ServingService:
         return deployment.model_copy(update={"status": Status.DELETING})
 
     def apply_pending(self) -> None:
-        """The deployment applier's pass: submit what was asked for, remove what was deleted. A cluster not ready
-        (no dashboard, a transient error) is tried again next pass; anything else fails the deployment with why."""
+        """The serving applier's pass for deployments: submit what was asked for, remove what was deleted. A
+        cluster not ready (no dashboard, a transient error) is tried again next pass; anything else fails the
+        deployment with why."""
         for record in self.records.pending():
             uid, name = record["cluster_uid"], record["name"]
             try:
@@ -500,15 +554,17 @@ def _last_error(logs: str) -> str:
     return "\n".join(lines[-3:])[:LOG_TAIL_CHARS]
 
 
-class DeploymentApplier(Periodic):
-    """A thread that applies stored deployments (``ServingService.apply_pending``) every ``interval_s``: the one
-    place a deployment reaches a cluster, so no request thread checksums a model or starts a process."""
+class ServingApplier(Periodic):
+    """A thread that applies serving's stored desired state every ``interval_s``: catalog additions
+    (``ModelCatalog.inspect_pending``), then deployments (``ServingService.apply_pending``). The one place a
+    model's files are read and a deployment reaches a cluster: no request thread checksums or starts anything."""
 
-    thread_name = "raypod-deployments"
+    thread_name = "raypod-serving"
 
     def __init__(self, serving: ServingService, interval_s: float = 1.0) -> None:
         super().__init__(interval_s)
         self.serving = serving
 
     def run_once(self) -> None:
+        self.serving.models.inspect_pending()
         self.serving.apply_pending()

@@ -15,6 +15,7 @@ import re
 import struct
 from collections.abc import Callable
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
@@ -91,6 +92,25 @@ class ModelEntry(ModelSource):
         """Names this exact set of files: a node's cache of another version never passes for this one."""
         listing = "\n".join(f"{f.path}\0{f.size}\0{f.sha256}" for f in sorted(self.files, key=lambda f: f.path))
         return hashlib.sha256(listing.encode()).hexdigest()[:16]
+
+
+class AdditionStatus(StrEnum):
+    INSPECTING = "INSPECTING"  # the server reads and checksums the source
+    ADDED = "ADDED"
+    FAILED = "FAILED"
+
+
+class ModelAddition(BaseModel):
+    """A request to add (or replace) a catalog entry, answered at once: reading and checksumming a source takes
+    minutes for a large model, so the serving applier does it and this says how far it is."""
+
+    id: str
+    status: AdditionStatus
+    source: str
+    requested_by: str
+    requested_at: datetime
+    failure: str | None = Field(None, description="Why the source could not be added (FAILED).")
+    entry: ModelEntry | None = Field(None, description="The catalog entry (ADDED).")
 
 
 def local_path(source: str) -> str | None:

@@ -22,6 +22,7 @@ from raypod.backends.kuberay import backend as kuberay
 from raypod.backends.kuberay import manifests
 from raypod.controlplane import loop, store
 from raypod.server.app import create_app
+from tests.server.conftest import add_model
 
 from . import conftest
 from .conftest import Emulator
@@ -410,7 +411,7 @@ def test_a_model_deployment_is_a_rayservice_followed_to_running_and_routed_by_th
     with TestClient(create_app(settings, backend=backend), raise_server_exceptions=False) as api:
         token = json.loads((tmp_path / "home" / "credentials").read_text())["token"]
         api.headers["Authorization"] = f"Bearer {token}"
-        api.post("/api/v1/models", json={"id": "tiny", "source": "memory://models/tiny"}).raise_for_status()
+        assert add_model(api, {}, {"id": "tiny", "source": "memory://models/tiny"})["status"] == "ADDED"
         spec = {**SPEC.model_dump(mode="json"), "head": {"cpus": 1, "memory": "2Gi"}}
         api.post("/api/v1/clusters", json=spec).raise_for_status()
         url = "/api/v1/namespaces/default/clusters/demo/deployments"

@@ -58,8 +58,13 @@ def add(
             raise errors.InvalidSpec(f"--storage-options is not JSON: {exc}") from None
     if "://" not in source and Path(source).exists():
         source = str(Path(source).resolve())  # the server resolves paths itself: give it an absolute one
-    output.errors_console.print(f"reading and checksumming {source} ...")
-    entry = cluster_cli.client().models.add(model_id, source, options, description, replace)
+    output.errors_console.print(f"the server reads and checksums {source} ...")
+
+    def status(addition: catalog.ModelAddition) -> str:
+        return str(addition.status)
+
+    progress = output.status_lines(status)
+    entry = cluster_cli.client().models.add(model_id, source, options, description, replace, on_progress=progress)
     for warning in entry.warnings:
         output.errors_console.print(f"[yellow]warning:[/yellow] {warning}")
     _render(entry, fmt)
@@ -73,8 +78,9 @@ def show(model_id: str, fmt: OutputOpt = Format.TABLE) -> None:
 @app.command()
 def remove(model_id: str) -> None:
     """Remove a model from the catalog (deployments already running keep their staged copy)."""
-    entry = cluster_cli.client().models.remove(model_id)
-    output.console.print(f"model {entry.id} removed from the catalog")
+    removed = cluster_cli.client().models.remove(model_id)
+    done = "removed from the catalog" if removed.entry else "no longer to be added"
+    output.console.print(f"model {removed.id} {done}")
 
 
 @app.command()

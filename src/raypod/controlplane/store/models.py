@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -15,14 +16,44 @@ class CatalogStore:
     def __init__(self, engine: sa.Engine) -> None:
         self.engine = engine
 
-    def save(self, entry: catalog.ModelEntry, *, replacing: bool) -> None:
-        table = schema.models
+    def request(self, source: catalog.ModelSource, *, replace: bool, by: str, at: datetime) -> None:
+        """Store a request to add ``source`` (replacing a failed request for the same id)."""
+        table = schema.model_additions
+        values = {"source": source.model_dump_json(), "replace": replace, "requested_by": by, "requested_at": at}
+        with self.engine.begin() as connection:
+            connection.execute(table.delete().where(table.c.id == source.id))
+            connection.execute(table.insert().values(id=source.id, failure=None, **values))
+
+    def addition(self, model_id: str) -> dict[str, Any] | None:
+        table = schema.model_additions
+        with self.engine.connect() as connection:
+            row = connection.execute(sa.select(table).where(table.c.id == model_id)).first()
+        return dict(row._mapping) if row else None
+
+    def additions(self) -> builtins.list[dict[str, Any]]:
+        """Requests the serving applier has still to read (not failed), oldest first."""
+        table = schema.model_additions
+        query = sa.select(table).where(table.c.failure.is_(None)).order_by(table.c.requested_at)
+        with self.engine.connect() as connection:
+            return [dict(row._mapping) for row in connection.execute(query)]
+
+    def added(self, request: dict[str, Any], entry: catalog.ModelEntry) -> None:
+        """Write the entry a request gave and forget the request, in one transaction; nothing if the request was
+        withdrawn or asked again meanwhile (another ``requested_at``): that one is read on the next pass."""
+        table, additions = schema.models, schema.model_additions
         values = {"entry": entry.model_dump_json(), "added_by": entry.added_by, "added_at": entry.added_at}
         with self.engine.begin() as connection:
-            if replacing:
-                connection.execute(table.update().where(table.c.id == entry.id).values(**values))
-            else:
+            mine = sa.and_(additions.c.id == request["id"], additions.c.requested_at == request["requested_at"])
+            if connection.execute(additions.delete().where(mine)).rowcount != 1:
+                return
+            if connection.execute(table.update().where(table.c.id == entry.id).values(**values)).rowcount == 0:
                 connection.execute(table.insert().values(id=entry.id, **values))
+
+    def addition_failed(self, request: dict[str, Any], failure: str) -> None:
+        table = schema.model_additions
+        mine = sa.and_(table.c.id == request["id"], table.c.requested_at == request["requested_at"])
+        with self.engine.begin() as connection:
+            connection.execute(table.update().where(mine).values(failure=failure))
 
     def list(self) -> builtins.list[catalog.ModelEntry]:
         with self.engine.connect() as connection:
@@ -35,8 +66,10 @@ class CatalogStore:
         return catalog.ModelEntry.model_validate_json(row[0]) if row else None
 
     def delete(self, model_id: str) -> None:
+        """The entry and any request to add it."""
         with self.engine.begin() as connection:
             connection.execute(schema.models.delete().where(schema.models.c.id == model_id))
+            connection.execute(schema.model_additions.delete().where(schema.model_additions.c.id == model_id))
 
 
 class DeploymentStore:

@@ -170,6 +170,19 @@ models = sa.Table(
     sa.Column("added_at", sa.DateTime(timezone=True), nullable=False),
 )
 
+# Catalog entries being added: the serving applier reads and checksums the source, then writes ``models`` and
+# deletes the row; a source it could not read keeps its row with ``failure`` until it is asked for again.
+model_additions = sa.Table(
+    "model_additions",
+    metadata,
+    sa.Column("id", sa.String(129), primary_key=True),
+    sa.Column("source", sa.Text, nullable=False),  # serving.catalog.ModelSource as JSON
+    sa.Column("replace", sa.Boolean, nullable=False),
+    sa.Column("requested_by", sa.String(63), nullable=False),
+    sa.Column("requested_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("failure", sa.Text, nullable=True),
+)
+
 deployments = sa.Table(
     "deployments",
     metadata,

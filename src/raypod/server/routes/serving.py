@@ -27,14 +27,24 @@ def list_models(caller: Caller, svc: Service) -> list[catalog.ModelEntry]:
     return svc.models.list()
 
 
-@router.post("/models", status_code=201)
+@router.post("/models", status_code=202)
 def add_model(
     caller: Caller, svc: Service, source: catalog.ModelSource, replace: Annotated[bool, Query()] = False
-) -> catalog.ModelEntry:
-    """Read the source and checksum every file; the entry records what a replica needs. ``warnings`` say what
-    would refuse a deploy later (a directory the nodes cannot read)."""
-    entry = svc.models.add(caller, source, replace=replace)
-    return entry.model_copy(update={"warnings": svc.node_visibility_warnings(entry)})
+) -> catalog.ModelAddition:
+    """Ask for a source to be added: the serving applier reads it and checksums every file, and
+    ``GET /models/{id}/addition`` says how far it is."""
+    return svc.models.add(caller, source, replace=replace)
+
+
+@router.get("/models/{model_id:path}/addition")
+def get_model_addition(caller: Caller, svc: Service, model_id: ModelIdPath) -> catalog.ModelAddition:
+    """INSPECTING, FAILED (with why) or ADDED (with the entry, whose ``warnings`` say what would refuse a deploy
+    later: a directory the cluster's nodes cannot read)."""
+    addition = svc.models.addition(model_id)
+    if addition.entry is None:
+        return addition
+    entry = addition.entry.model_copy(update={"warnings": svc.node_visibility_warnings(addition.entry)})
+    return addition.model_copy(update={"entry": entry})
 
 
 @router.get("/models/{model_id:path}")
@@ -43,7 +53,8 @@ def get_model(caller: Caller, svc: Service, model_id: ModelIdPath) -> catalog.Mo
 
 
 @router.delete("/models/{model_id:path}")
-def remove_model(caller: Caller, svc: Service, model_id: ModelIdPath) -> catalog.ModelEntry:
+def remove_model(caller: Caller, svc: Service, model_id: ModelIdPath) -> catalog.ModelAddition:
+    """Remove the entry, or withdraw a request to add it."""
     return svc.models.remove(caller, model_id)
 
 
