@@ -191,9 +191,11 @@ def _hang_metadata(timeout: str | None, action: str | None, rules: Path | None) 
 
 
 def _render(job: state.JobView, fmt: Format) -> None:
-    if fmt is not Format.TABLE:
-        output.emit_data(job, fmt)
-        return
-    output.console.print(f"job {job.id} on {job.namespace}/{job.cluster}: [bold]{job.status.value}[/bold]")
+    output.emit_one(job, fmt, _describe)
+
+
+def _describe(job: state.JobView) -> str:
+    lines = [f"job {job.id} on {job.namespace}/{job.cluster}: [bold]{job.status.value}[/bold]"]
     for number, attempt in enumerate(job.attempts, start=1):
-        output.console.print(f"  attempt {number}: {attempt.submission_id}  {attempt.status}  {attempt.message[:80]}")
+        lines.append(f"  attempt {number}: {attempt.submission_id}  {attempt.status}  {attempt.message[:80]}")
+    return "\n".join(lines)

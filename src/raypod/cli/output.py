@@ -62,6 +62,14 @@ def emit_data(data: Any, fmt: Format) -> None:
         print(json.dumps(data, indent=2))
 
 
+def emit_one(item: T, fmt: Format, describe: Callable[[T], str]) -> None:
+    """One object as JSON or YAML, or ``describe``'s lines for people."""
+    if fmt is not Format.TABLE:
+        emit_data(item, fmt)
+        return
+    console.print(describe(item))
+
+
 def emit_rows(
     items: Sequence[T], fmt: Format, columns: Sequence[str], cells: Callable[[T], Sequence[str]], empty: str = ""
 ) -> None:

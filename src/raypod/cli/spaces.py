@@ -116,10 +116,11 @@ def _phase(space: state.SpaceView) -> str:
 
 
 def _render(space: state.SpaceView, fmt: Format, url: str) -> None:
-    if fmt is not Format.TABLE:
-        output.emit_data(space, fmt)
-        return
-    output.console.print(
+    output.emit_one(space, fmt, lambda s: _describe(s, url))
+
+
+def _describe(space: state.SpaceView, url: str) -> str:
+    return (
         f"[bold]{space.name}[/bold]  {space.kind} on {space.namespace}/{space.cluster} (node {space.node}): "
         f"{space.state}{f' ({space.message})' if space.message else ''}\n  open: {url}"
     )

@@ -37,27 +37,20 @@ class Models:
     ) -> catalog.ModelEntry:
         """The server reads and checksums every file of ``source`` (minutes for a large model); this waits for it.
         Raises InvalidSpec with the server's reason when the source cannot be read."""
-        addition = self.request(model_id, source, storage_options, description, replace)
+        body = catalog.ModelSource(
+            id=model_id, source=source, storage_options=storage_options or {}, description=description
+        )
+        addition = self.request(body, replace)
         if on_progress:
             on_progress(addition)
         done = self.wait_added(model_id, timeout=timeout, on_progress=on_progress)
         assert done.entry is not None
         return done.entry
 
-    def request(
-        self,
-        model_id: str,
-        source: str,
-        storage_options: dict[str, Any] | None = None,
-        description: str = "",
-        replace: bool = False,
-    ) -> catalog.ModelAddition:
+    def request(self, source: catalog.ModelSource, replace: bool = False) -> catalog.ModelAddition:
         """Ask for a model to be added and return at once (INSPECTING)."""
-        body = catalog.ModelSource(
-            id=model_id, source=source, storage_options=storage_options or {}, description=description
-        )
         payload = self._t.request(
-            "POST", "/api/v1/models", json=body.model_dump(mode="json"), params={"replace": replace}
+            "POST", "/api/v1/models", json=source.model_dump(mode="json"), params={"replace": replace}
         )
         return catalog.ModelAddition.model_validate(payload)
 

@@ -100,10 +100,11 @@ def delete(name: str, cluster: ClusterOpt, namespace: NamespaceOpt = "default") 
 
 
 def _render(deployment: state.DeploymentView, fmt: Format, base_url: str) -> None:
-    if fmt is not Format.TABLE:
-        output.emit_data(deployment, fmt)
-        return
-    output.console.print(
+    output.emit_one(deployment, fmt, lambda d: _describe(d, base_url))
+
+
+def _describe(deployment: state.DeploymentView, base_url: str) -> str:
+    return (
         f"[bold]{deployment.name}[/bold]  {deployment.model} on {deployment.namespace}/{deployment.cluster}: "
         f"{deployment.status} ({deployment.message})\n"
         f"  engine {deployment.engine}; replicas: "

@@ -104,10 +104,11 @@ def pull(
 
 
 def _render(entry: catalog.ModelEntry, fmt: Format) -> None:
-    if fmt is not Format.TABLE:
-        output.emit_data(entry, fmt)
-        return
-    output.console.print(
+    output.emit_one(entry, fmt, _describe)
+
+
+def _describe(entry: catalog.ModelEntry) -> str:
+    return (
         f"[bold]{entry.id}[/bold]  {entry.architecture} ({entry.model_type}), {entry.parameters / 1e6:.1f}M "
         f"parameters, {entry.dtype}\n"
         f"  source: {entry.source}\n"
