@@ -7,14 +7,17 @@ node's pod.
 
 Values of ``argv``, ``cwd`` and environment may hold placeholders the backend fills: ``{addon_dir}`` (the node's
 add-on directory as the node sees it), ``{port}`` (a port the backend reserved for the sidecar), ``{gcs}`` (the
-cluster's GCS address) and ``{token}`` (the sidecar's secret, kept by the backend, 0600, presented by the gateway
-and the readiness probe; never in a spec or an event).
+cluster's GCS address), ``{token}`` (the sidecar's secret, kept by the backend, 0600, presented by the gateway
+and the readiness probe; never in a spec or an event), ``{python}`` (the Python with raypod installed: the server's
+own on the local backend, the image's ``python`` in a pod) and ``{host}`` (the address a sidecar listens on: loopback
+on the local backend, where the gateway is on the same host; every address in a pod, reached through its Service).
 
 A leaf module of the vocabulary: it imports nothing of raypod.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -72,6 +75,8 @@ class Filled:
     gcs: str = ""
     port: int = 0
     token: str = ""
+    python: str = sys.executable
+    host: str = "127.0.0.1"
 
     def __call__(self, value: str) -> str:
         return (
@@ -79,6 +84,8 @@ class Filled:
             .replace("{port}", str(self.port))
             .replace("{gcs}", self.gcs)
             .replace("{token}", self.token)
+            .replace("{python}", self.python)
+            .replace("{host}", self.host)
         )
 
 

@@ -13,8 +13,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from raypod import addons, state
 from raypod import spec as spec_mod
-from raypod import state
 from raypod.backends import ray_jobs
 from raypod.backends.commands import CommandResult
 
@@ -61,8 +61,16 @@ class Backend(Protocol):
 
     def capacity(self) -> HostCapacity: ...
 
-    def apply(self, cluster_id: str, spec: spec_mod.ClusterSpec, *, deleting: bool) -> None:
+    def apply(
+        self,
+        cluster_id: str,
+        spec: spec_mod.ClusterSpec,
+        *,
+        deleting: bool,
+        node_addons: Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None = None,
+    ) -> None:
         """DECLARATIVE backends: make the cluster object match ``spec`` (or delete it); cheap when nothing changed.
+        ``node_addons`` says what the capabilities add to a node (rendered into each group's pod template).
         Others do nothing here: the planner's node actions are the whole story."""
         ...
 
@@ -107,6 +115,11 @@ class Backend(Protocol):
         """A sidecar's own secret (``{token}`` of its add-on), made on first use and kept by the backend: the
         gateway presents the IDE's, users never see it. A sidecar with an ``endpoint`` is published under that
         name in ``observe`` once its probe answers."""
+        ...
+
+    def delete_bind(self, cluster_id: str, path: str) -> None:
+        """Delete a directory nodes were given (``NodeAddons.binds``: a workspace's files), where it is kept: the
+        directory itself here, its PersistentVolumeClaim on Kubernetes."""
         ...
 
     def hidden_from_nodes(self, cluster_id: str, path: str) -> str | None:

@@ -6,6 +6,7 @@ Nodes start in ``Starting`` and become ``Running`` on the next observation, like
 from __future__ import annotations
 
 import json
+import shutil
 import ssl
 import threading
 import time
@@ -15,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from raypod import errors, state
+from raypod import addons, errors, state
 from raypod import spec as spec_mod
 from raypod.backends import base, ray_jobs
 from raypod.backends.commands import CommandResult, run_command
@@ -59,7 +60,14 @@ class FakeBackend:
     def set_change_listener(self, listener: Callable[[str], None]) -> None:
         self._listener = listener
 
-    def apply(self, cluster_id: str, spec: spec_mod.ClusterSpec, *, deleting: bool) -> None:
+    def apply(
+        self,
+        cluster_id: str,
+        spec: spec_mod.ClusterSpec,
+        *,
+        deleting: bool,
+        node_addons: Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None = None,
+    ) -> None:
         """Nothing: not DECLARATIVE, nodes follow the planner's actions."""
 
     def observe(self, cluster_id: str) -> state.ObservedCluster:
@@ -165,6 +173,9 @@ class FakeBackend:
 
     def addon_dirs(self, cluster_id: str) -> dict[str, Path]:
         return dict(self.addon_roots.get(cluster_id, {}))
+
+    def delete_bind(self, cluster_id: str, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
 
     def hidden_from_nodes(self, cluster_id: str, path: str) -> str | None:
         return None

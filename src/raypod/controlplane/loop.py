@@ -149,7 +149,9 @@ class Reconciler:
         if base.Feature.DECLARATIVE in self.backend.features:
             try:
                 # A queued cluster has no object on the backend: KubeRay would start its pods.
-                self.backend.apply(view.uid, view.spec, deleting=view.deleting or view.queued)
+                self.backend.apply(
+                    view.uid, view.spec, deleting=view.deleting or view.queued, node_addons=self.node_addons
+                )
             except errors.RaypodError as exc:  # observed all the same: what cannot be seen shows as unknown
                 self._record(view, state.EventType.WARNING, "FailedToApply", exc.message[:2000], None)
                 applied = False

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import builtins
-import shutil
 from pathlib import Path
 
 from raypod import errors, state
@@ -85,7 +84,7 @@ class SpaceService:
         cluster, space = self._owned(caller, namespace, name, Verb.OPERATE)
         self._update(cluster, [s for s in cluster.spec.spaces if s.name != name], "SpaceDeleted", f"workspace {name}")
         if not keep_files:
-            shutil.rmtree(ide.files_dir(self.home, namespace, name, space.owner).parent, ignore_errors=True)
+            self.clusters.backend.delete_bind(cluster.uid, str(ide.files_dir(self.home, namespace, name, space.owner)))
         return _view(cluster, space).model_copy(update={"state": SpaceState.DELETED})
 
     # -- internals ---------------------------------------------------------------------------------------

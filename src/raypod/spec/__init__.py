@@ -343,24 +343,40 @@ class ClusterSpec(Strict):
             )
         if self.hangwatch.enabled:
             nodes = [replace(node, hangwatch=self.hangwatch) for node in nodes]
-        for space in self.spaces:
-            if space.running:
-                # Zero compute: Ray schedules nothing here, so a notebook's tasks run on the workers.
-                nodes.append(
-                    NodeSpec(
-                        name=space.node_name(),
-                        group=SPACE_GROUP,
-                        is_head=False,
-                        cpus=0,
-                        memory=space.memory,
-                        object_store_memory=SPACE_OBJECT_STORE_BYTES,
-                        labels={SPACE_LABEL: space.name},
-                        env=dict(self.env),
-                        space=space,
-                        space_path=f"/spaces/{self.namespace}/{space.name}/",
-                    )
-                )
+        nodes += [self.space_node(space) for space in self.spaces if space.running]
         return nodes
+
+    def space_node(self, space: SpaceSpec) -> NodeSpec:
+        """A workspace's node. Zero compute: Ray schedules nothing there, so a notebook's tasks run on the workers."""
+        return NodeSpec(
+            name=space.node_name(),
+            group=SPACE_GROUP,
+            is_head=False,
+            cpus=0,
+            memory=space.memory,
+            object_store_memory=SPACE_OBJECT_STORE_BYTES,
+            labels={SPACE_LABEL: space.name},
+            env=dict(self.env),
+            space=space,
+            space_path=f"/spaces/{self.namespace}/{space.name}/",
+        )
+
+    def group_nodes(self) -> dict[str, NodeSpec]:
+        """One node of each group as it would be made, by group (a workspace's node by its own name), whatever the
+        replicas and whether a workspace runs: what a backend that renders groups (KubeRay's pod templates) asks
+        the capabilities' add-ons for."""
+        whole = self.model_copy(
+            update={
+                "worker_groups": [g.model_copy(update={"replicas": 1}) for g in self.worker_groups],
+                "spaces": [],
+            }
+        )
+        found: dict[str, NodeSpec] = {}
+        for node in whole.desired_nodes():
+            found.setdefault(node.group, node)
+        for space in self.spaces:
+            found[space.node_name()] = self.space_node(space)
+        return found
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)

@@ -23,14 +23,16 @@ from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from raypod import errors, state
+from raypod import addons, errors, state
 from raypod import spec as spec_mod
 from raypod.backends import base, ray_jobs
 from raypod.backends.commands import CommandResult
 from raypod.backends.kuberay import api_errors, manifests
 from raypod.backends.kuberay import pods as pods_mod
 from raypod.backends.kuberay.informer import Informer, Key
+from raypod.backends.kuberay.objects import Objects
 from raypod.backends.kuberay.pods import observed_nodes
+from raypod.backends.kuberay.sidecars import AddonObjects
 from raypod.backends.kuberay.taints import QUARANTINE_TAINT, NodeQuarantine
 from raypod.backends.kuberay.tokens import UID_LABEL, RayTokens
 
@@ -65,7 +67,14 @@ NODE_RULE = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list",
 class KubeRayBackend:
     """Backend protocol on the official Kubernetes client; see the module docstring."""
 
-    features = frozenset({base.Feature.DECLARATIVE, base.Feature.CHANGE_EVENTS, base.Feature.GCS_FAULT_TOLERANCE})
+    features = frozenset(
+        {
+            base.Feature.DECLARATIVE,
+            base.Feature.CHANGE_EVENTS,
+            base.Feature.GCS_FAULT_TOLERANCE,
+            base.Feature.SPACES,
+        }
+    )
     tenancy = base.Tenancy(
         isolated=True,
         summary="each raypod namespace is a Kubernetes namespace: pods, services and secrets are separated by "
@@ -95,6 +104,8 @@ class KubeRayBackend:
         self._tls: ssl.SSLContext | None = None
         self.quarantine = NodeQuarantine(self._core, request_timeout_s)
         self.tokens = RayTokens(self._core, request_timeout_s, self._call)
+        self.objects = Objects(api, request_timeout_s)
+        self.addon_objects = AddonObjects(self.objects)
         self._listener: Callable[[str], None] = lambda cluster_id: None
         self.clusters = Informer(
             PLURAL,
@@ -157,7 +168,14 @@ class KubeRayBackend:
     def capacity(self) -> base.HostCapacity:
         return base.HostCapacity(cpus_per_node=None, memory_bytes=None, shared_memory_bytes=None, gpus_per_node=None)
 
-    def apply(self, cluster_id: str, spec: spec_mod.ClusterSpec, *, deleting: bool) -> None:
+    def apply(
+        self,
+        cluster_id: str,
+        spec: spec_mod.ClusterSpec,
+        *,
+        deleting: bool,
+        node_addons: Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None = None,
+    ) -> None:
         """Make the RayCluster match ``spec`` (one write when it differs, none otherwise), or delete it.
 
         Raises:
@@ -179,8 +197,9 @@ class KubeRayBackend:
             if current is not None and not current["metadata"].get("deletionTimestamp"):
                 self._call(f"delete RayCluster {spec.namespace}/{spec.name}", self._delete_raycluster, *where)
             self.tokens.delete(cluster_id, where)
+            self.addon_objects.delete(cluster_id, spec)
             return
-        desired = rendered(cluster_id, spec, kueue=self.kueue)
+        desired = rendered(cluster_id, spec, kueue=self.kueue, node_addons=node_addons)
         schema = self._installed_schema()
         unknown = manifests.unknown_fields(desired["spec"], schema) if schema else []
         if unknown:
@@ -188,7 +207,10 @@ class KubeRayBackend:
                 f"the installed KubeRay does not serve spec field {unknown[0]} (its CRD lacks it; the API server would "
                 "drop it): upgrade the KubeRay operator, or leave the field out"
             )
-        self.tokens.get(cluster_id, where)  # the Secret first: KubeRay's pods cannot start without it
+        self.tokens.get(cluster_id, where)  # the Secrets first: KubeRay's pods cannot start without them
+        if node_addons is not None:
+            per_group = {group: node_addons(node) for group, node in spec.group_nodes().items()}
+            self.addon_objects.apply(cluster_id, spec, per_group)
         digest = desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
         if current is None or current["metadata"].get("annotations", {}).get(SPEC_HASH_ANNOTATION) != digest:
             self._write(PLURAL, "RayCluster", current, desired)
@@ -214,6 +236,10 @@ class KubeRayBackend:
         endpoints: dict[str, str] = {}
         if raycluster is not None and head is not None and head.phase is state.NodePhase.RUNNING:
             endpoints = self._endpoints(raycluster, where)
+            ready = {node.group for node in nodes.values() if node.phase is state.NodePhase.RUNNING}
+            endpoints.update(
+                self.addon_objects.endpoints(cluster_id, ready, functools.partial(self._service_url, where[0]))
+            )
         found = state.ObservedCluster(nodes=nodes, endpoints=endpoints)
         with self._lock:
             self._last[cluster_id] = found
@@ -280,7 +306,21 @@ class KubeRayBackend:
         return {}  # node add-ons are not rendered into KubeRay's pods yet (docs/kubernetes.md)
 
     def sidecar_token(self, cluster_id: str, node: str, sidecar: str) -> str:
-        raise errors.NotFound("node sidecars (workspaces' IDEs) are not available on Kubernetes yet")
+        """From the cluster's sidecar Secret. A workspace's node is its group (one pod)."""
+        where = self._known.get(cluster_id) or self._find(cluster_id)
+        if where is None:
+            raise errors.NotFound(f"cluster {cluster_id} is not on this Kubernetes cluster")
+        with self._lock:
+            observed = self._last.get(cluster_id)
+        found = observed.nodes.get(node) if observed else None
+        group = spec_mod.HEAD_GROUP if found is not None and found.is_head else found.group if found else node
+        return self.addon_objects.token(cluster_id, where[0], where[1], group, sidecar)
+
+    def delete_bind(self, cluster_id: str, path: str) -> None:
+        """The directory's PersistentVolumeClaim, in the cluster's namespace."""
+        where = self._known.get(cluster_id) or self._find(cluster_id)
+        if where is not None:
+            self.addon_objects.delete_claim(where[0], path)
 
     def hidden_from_nodes(self, cluster_id: str, path: str) -> str | None:
         return "the cluster's pods do not see raypod's filesystem: put the model in object storage (s3://...)"
@@ -532,6 +572,13 @@ class KubeRayBackend:
             gcs_error=f"Kubernetes API: {why}",
         )
 
+    def _service_url(self, namespace: str, service: str, port: int) -> str:
+        """How raypod reaches a Service: its DNS name in the cluster, the API server's proxy from outside."""
+        if self._in_cluster:
+            return f"http://{service}.{namespace}.svc:{port}"
+        host = self._api.configuration.host.rstrip("/")
+        return f"{host}/api/v1/namespaces/{namespace}/services/{service}:{port}/proxy"
+
     def _endpoints(self, raycluster: dict[str, Any], where: Key) -> dict[str, str]:
         namespace, name = where
         service = raycluster.get("status", {}).get("head", {}).get("serviceName") or f"{name}-head-svc"
@@ -575,10 +622,16 @@ class KubeRayBackend:
             self._listener(cluster_id)
 
 
-def rendered(cluster_id: str, spec: spec_mod.ClusterSpec, *, kueue: bool = False) -> dict[str, Any]:
+def rendered(
+    cluster_id: str,
+    spec: spec_mod.ClusterSpec,
+    *,
+    kueue: bool = False,
+    node_addons: Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None = None,
+) -> dict[str, Any]:
     """The RayCluster raypod applies: the manifest the console shows, plus the cluster's uid and the manifest's
     digest (so an unchanged spec costs no write)."""
-    manifest = manifests.raycluster(spec, kueue=kueue)
+    manifest = manifests.raycluster(spec, kueue=kueue, node_addons=node_addons)
     digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
     manifest["metadata"]["labels"][UID_LABEL] = cluster_id
     manifest["metadata"].setdefault("annotations", {})[SPEC_HASH_ANNOTATION] = digest

@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 import yaml
 
-from raypod import errors
+from raypod import addons, errors
 from raypod import spec as spec_mod
+from raypod.backends.kuberay import addons as pod_addons
+
+NodeAddons = Callable[[spec_mod.NodeSpec], addons.NodeAddons]
 
 API_VERSION = "ray.io/v1"
 DEFAULT_IMAGE = "rayproject/ray:{version}"
 
 
-def raycluster(spec: spec_mod.ClusterSpec, *, kueue: bool = False) -> dict[str, Any]:
+def raycluster(
+    spec: spec_mod.ClusterSpec, *, kueue: bool = False, node_addons: NodeAddons | None = None
+) -> dict[str, Any]:
     """Return the ``RayCluster`` that runs ``spec`` on Kubernetes; ``kueue``: labelled for Kueue to queue it (its
-    namespace's ``raypod`` LocalQueue, the spec's priority class)."""
+    namespace's ``raypod`` LocalQueue, the spec's priority class); ``node_addons``: what the capabilities add to a
+    node of each group (hang detection's agent, a workspace's IDE), rendered into the group's pod template. Each
+    workspace is a worker group of its own: zero CPUs, one replica while it runs, none while it is stopped."""
     metadata: dict[str, Any] = {
         "name": spec.name,
         "namespace": spec.namespace,
@@ -63,6 +72,21 @@ def raycluster(spec: spec_mod.ClusterSpec, *, kueue: bool = False) -> dict[str, 
     # Ray's token authentication on every Ray port (KubeRay >= 1.5.1 sets RAY_AUTH_MODE and RAY_AUTH_TOKEN in each
     # container). The Secret is raypod's own, so that its gateway can present the token.
     body["authOptions"] = {"mode": "token", "secretName": auth_secret_name(spec.name)}
+    if spec.spaces:
+        spaces = [space.model_dump(mode="json", exclude_defaults=True) for space in spec.spaces]
+        metadata.setdefault("annotations", {})[_SPACES_ANNOTATION] = json.dumps(spaces, sort_keys=True)
+        body["workerGroupSpecs"] += [_space_group(spec, space) for space in spec.spaces]
+    if node_addons is not None:
+        nodes = spec.group_nodes()
+        image = spec.image or DEFAULT_IMAGE.format(version=spec.ray_version)
+        groups_by_name = {spec_mod.HEAD_GROUP: body["headGroupSpec"]}
+        groups_by_name.update({group["groupName"]: group for group in body["workerGroupSpecs"]})
+        for name, group in groups_by_name.items():
+            if name in nodes:
+                found = node_addons(nodes[name])
+                pod_addons.add_to_template(
+                    group["template"], found, cluster=spec.name, namespace=spec.namespace, group=name, image=image
+                )
     if spec.gcs_fault_tolerance is not None:
         options: dict[str, Any] = {}
         # Without an address raypod runs the Redis (the local backend does; on Kubernetes see docs/resilience.md).
@@ -72,6 +96,21 @@ def raycluster(spec: spec_mod.ClusterSpec, *, kueue: bool = False) -> dict[str, 
             options["externalStorageNamespace"] = spec.gcs_fault_tolerance.external_storage_namespace
         body["gcsFaultToleranceOptions"] = options
     return {"apiVersion": API_VERSION, "kind": "RayCluster", "metadata": metadata, "spec": body}
+
+
+def _space_group(spec: spec_mod.ClusterSpec, space: spec_mod.SpaceSpec) -> dict[str, Any]:
+    node = spec.space_node(space)
+    group = spec_mod.NodeGroupSpec(cpus=0, memory=node.memory, object_store_memory=node.object_store_memory)
+    replicas = 1 if space.running else 0
+    return {
+        "groupName": node.name,
+        "replicas": replicas,
+        "minReplicas": replicas,
+        "maxReplicas": 1,
+        "rayStartParams": _ray_start_params(group, is_head=False),
+        "template": _pod_template(spec, group, "ray-worker", head=False),
+        "labels": dict(node.labels),
+    }
 
 
 def auth_secret_name(cluster: str) -> str:
@@ -183,7 +222,10 @@ _RUNTIME_ENV_ANNOTATION = "raypod.io/default-runtime-env"
 # Hung-job detection's settings: read by raypod's agent, which KubeRay knows nothing of.
 _HANGWATCH_ANNOTATION = "raypod.io/hangwatch"
 _PRIORITY_ANNOTATION = "raypod.io/priority"
-_ANNOTATIONS = frozenset({_OWNER_ANNOTATION, _RUNTIME_ENV_ANNOTATION, _HANGWATCH_ANNOTATION, _PRIORITY_ANNOTATION})
+_SPACES_ANNOTATION = "raypod.io/spaces"  # the workspaces, whose worker groups raypod renders from them
+_ANNOTATIONS = frozenset(
+    {_OWNER_ANNOTATION, _RUNTIME_ENV_ANNOTATION, _HANGWATCH_ANNOTATION, _PRIORITY_ANNOTATION, _SPACES_ANNOTATION}
+)
 _MANAGED_LABELS = frozenset({"app.kubernetes.io/managed-by", *kueue_labels("normal")})
 
 
@@ -194,7 +236,7 @@ def spec_from_raycluster(manifest: Any) -> spec_mod.ClusterSpec:
         InvalidSpec: not a RayCluster, a field raypod does not manage, or an invalid resulting spec; the message
             names the field.
     """
-    doc = _mapping(manifest, "")
+    doc = _mapping(copy.deepcopy(manifest), "")
     if doc.get("apiVersion") != API_VERSION or doc.get("kind") != "RayCluster":
         raise errors.InvalidSpec(f"expected apiVersion {API_VERSION} and kind RayCluster")
     metadata = _mapping(doc.get("metadata"), "metadata")
@@ -219,15 +261,24 @@ def spec_from_raycluster(manifest: Any) -> spec_mod.ClusterSpec:
         extra = sorted(set(_mapping(metadata.get(key, {}), f"metadata.{key}")) - known)
         if extra:
             raise errors.InvalidSpec(f"metadata.{key}.{extra[0]}: raypod does not manage this field (it would be lost)")
-    for annotation, field in ((_RUNTIME_ENV_ANNOTATION, "runtime_env"), (_HANGWATCH_ANNOTATION, "hangwatch")):
+    for annotation, field in (
+        (_RUNTIME_ENV_ANNOTATION, "runtime_env"),
+        (_HANGWATCH_ANNOTATION, "hangwatch"),
+        (_SPACES_ANNOTATION, "spaces"),
+    ):
         if annotation in annotations:
             try:
                 data[field] = json.loads(annotations[annotation])
             except (TypeError, ValueError):
                 raise errors.InvalidSpec(f"metadata.annotations.{annotation}: not valid JSON") from None
+    spaces = {
+        f"{spec_mod.SPACE_GROUP}-{space.get('name')}" for space in data.get("spaces", []) if isinstance(space, dict)
+    }
     for index, item in enumerate(_list(body.get("workerGroupSpecs", []), "spec.workerGroupSpecs")):
         where = f"spec.workerGroupSpecs[{index}]"
         group = _mapping(item, where)
+        if group.get("groupName") in spaces:
+            continue  # rendered from the spaces annotation
         container = _container(group, where)
         env_where = f"{where}.template.spec.containers[0].env"
         if _env(container.get("env", []), env_where) != data["env"] or container.get("image", image) != image:
@@ -286,6 +337,7 @@ def _env(value: Any, where: str) -> dict[str, Any]:
 
 def _container(group: dict[str, Any], where: str) -> dict[str, Any]:
     template = _mapping(group.get("template", {}), f"{where}.template")
+    pod_addons.strip_from_pod(template)
     _check_keys(template, "template", f"{where}.template")
     pod = _mapping(template.get("spec", {}), f"{where}.template.spec")
     _check_keys(pod, "podSpec", f"{where}.template.spec")

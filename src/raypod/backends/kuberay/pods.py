@@ -6,9 +6,11 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from raypod import spec as spec_mod
 from raypod import state
 
 METRICS_PORT = 8080
+SPACE_PREFIX = f"{spec_mod.SPACE_GROUP}-"
 
 
 def pods_by_node(pods: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -22,6 +24,9 @@ def pods_by_node(pods: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             groups.setdefault(pod["metadata"].get("labels", {}).get("ray.io/group", "workers"), []).append(pod)
     for group, members in sorted(groups.items()):
         ordered = sorted(members, key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
+        if group.startswith(SPACE_PREFIX):  # a workspace's group of one pod: its node is named as the group
+            named[group] = ordered[-1]
+            continue
         for index, pod in enumerate(ordered):
             named[f"{group}-{index}"] = pod
     return named

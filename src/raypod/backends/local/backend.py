@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from raypod import errors, state
+from raypod import addons, errors, state
 from raypod import spec as spec_mod
 from raypod.backends import base, commands, ray_jobs
 from raypod.backends.local import launch, processes, sidecars
@@ -89,7 +89,14 @@ class LocalBackend:
     def set_change_listener(self, listener: Callable[[str], None]) -> None:
         """Not called: processes are polled, so the loop observes every cluster every pass (no CHANGE_EVENTS)."""
 
-    def apply(self, cluster_id: str, spec: spec_mod.ClusterSpec, *, deleting: bool) -> None:
+    def apply(
+        self,
+        cluster_id: str,
+        spec: spec_mod.ClusterSpec,
+        *,
+        deleting: bool,
+        node_addons: Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None = None,
+    ) -> None:
         """Nothing: not DECLARATIVE, nodes follow the planner's actions."""
 
     def observe(self, cluster_id: str) -> state.ObservedCluster:
@@ -246,6 +253,12 @@ class LocalBackend:
             )
         finally:
             started.close()
+
+    def delete_bind(self, cluster_id: str, path: str) -> None:
+        """The directory, and the folder that held it when that is left empty (a workspace's by-id folder)."""
+        shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(path.rstrip("/")))
 
     def hidden_from_nodes(self, cluster_id: str, path: str) -> str | None:
         return self.launcher.hidden_from_nodes(cluster_id, path)

@@ -4,7 +4,6 @@ that make Ray Train's ranks report to it."""
 from __future__ import annotations
 
 import json
-import sys
 
 from raypod import addons
 from raypod import spec as spec_mod
@@ -16,9 +15,7 @@ SUBDIR = "hangwatch"
 
 def for_node(settings: spec_mod.HangwatchSpec) -> addons.NodeAddons:
     # The agent sees the node's process ids and may ptrace them for stacks: it runs in the node's isolation.
-    agent = addons.Sidecar(
-        spec_mod.HANGWATCH_SIDECAR, (sys.executable, "-m", "raypod.capabilities.hangwatch.agent", DIR)
-    )
+    agent = addons.Sidecar(spec_mod.HANGWATCH_SIDECAR, ("{python}", "-m", "raypod.capabilities.hangwatch.agent", DIR))
     return addons.NodeAddons(
         env=((layout.DIR_VARIABLE, DIR),),
         env_lists=((layout.CALLBACKS_VARIABLE, layout.CALLBACK),),

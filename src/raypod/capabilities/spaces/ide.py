@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import stat
-import sys
 from pathlib import Path
 
 from raypod import addons as addons_mod
@@ -171,19 +170,21 @@ def command(kind: SpaceKind, base_path: str, root: Path, python_env: str | None 
     full path); with ``python_env``, its kernels run there by default."""
     if kind is SpaceKind.JUPYTERLAB:
         return [
-            sys.executable,
+            "{python}",
             "-m",
             "jupyterlab",
             "--no-browser",
             "--allow-root",
-            "--ip=127.0.0.1",
+            "--ip={host}",
             "--port={port}",
             "--port-retries=0",
             f"--ServerApp.base_url={base_path}",
             f"--ServerApp.root_dir={root}",
             # The gateway is the only client: it authenticates users and presents the IDE's token itself.
             "--ServerApp.identity_provider_class=raypod.capabilities.spaces.jupyter_identity.GatewayIdentityProvider",
-            "--ServerApp.allow_remote_access=False",
+            # A pod's IDE is reached through its Service (a Host that is not local); only the gateway reaches it, with
+            # the token, so the Host check (which guards IDEs browsers reach directly) has nothing to add.
+            "--ServerApp.allow_remote_access=True",
             "--ServerApp.open_browser=False",
             "--LabApp.news_url=",
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
@@ -191,7 +192,7 @@ def command(kind: SpaceKind, base_path: str, root: Path, python_env: str | None 
         ]
     return [
         str(shutil.which("code-server") or "code-server"),
-        "--bind-addr=127.0.0.1:{port}",
+        "--bind-addr={host}:{port}",
         "--auth=password",
         "--disable-telemetry",
         "--disable-update-check",
