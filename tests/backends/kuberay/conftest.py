@@ -36,6 +36,24 @@ RESOURCES = {
         "categories": [],
         "subresources": [],
     },
+    **{
+        f"{group_version}/{plural}": {
+            "namespaced": True,
+            "kind": kind,
+            "singular": kind.lower(),
+            "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+            "shortnames": [],
+            "categories": [],
+            "subresources": [],
+        }
+        for group_version, plural, kind in (
+            ("v1", "configmaps", "ConfigMap"),
+            ("v1", "services", "Service"),
+            ("v1", "persistentvolumeclaims", "PersistentVolumeClaim"),
+            ("apps/v1", "deployments", "Deployment"),
+            ("networking.k8s.io/v1", "networkpolicies", "NetworkPolicy"),
+        )
+    },
     "v1/nodes": {
         "namespaced": False,
         "kind": "Node",

@@ -124,3 +124,14 @@ class Objects:
     def _method(self, kind: str, verb: str) -> Any:
         api, suffix = self._apis[kind]
         return getattr(api, f"{verb}_namespaced_{suffix}")
+
+
+def merge_patch(current: Any, desired: Any) -> Any:
+    """The JSON merge patch (RFC 7386) that turns ``current`` into ``desired``: keys ``desired`` lacks are nulled."""
+    if not isinstance(current, dict) or not isinstance(desired, dict):
+        return desired
+    patch = {key: None for key in current if key not in desired}
+    for key, value in desired.items():
+        if key not in current or current[key] != value:
+            patch[key] = merge_patch(current.get(key), value)
+    return patch

@@ -1,0 +1,125 @@
+"""Node add-ons on KubeRay against the emulated API server (kmock: no real one can run here): workspaces as
+worker groups of their own with their IDE, their files' claim and their Service; KubeRay's part (pods) is played
+by the test."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from raypod import config
+from raypod.backends.kuberay import addons as pod_addons
+from raypod.backends.kuberay import backend as kuberay
+from raypod.server.app import create_app
+
+from .conftest import Emulator
+from .test_backend import SPEC, kuberay_starts
+
+pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+@pytest.fixture
+def backend(emulator: Emulator) -> Iterator[kuberay.KubeRayBackend]:
+    made = kuberay.KubeRayBackend(emulator.api, request_timeout_s=2.0)
+    yield made
+    emulator.relay.close()
+    made.close()
+
+
+@pytest.fixture
+def api(tmp_path: Path, backend: kuberay.KubeRayBackend) -> Iterator[TestClient]:
+    settings = config.Settings(home=tmp_path, reconcile_interval_s=0.05, tls=False)
+    with TestClient(create_app(settings, backend=backend), raise_server_exceptions=False) as client:
+        token = json.loads((tmp_path / "credentials").read_text())["token"]
+        client.headers["Authorization"] = f"Bearer {token}"
+        yield client
+
+
+def until(check: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"never happened: {what}")
+
+
+def raycluster(emulator: Emulator) -> dict[str, Any]:
+    [found] = emulator.rayclusters()
+    return found
+
+
+def group(emulator: Emulator, name: str) -> dict[str, Any] | None:
+    groups = raycluster(emulator)["spec"].get("workerGroupSpecs", [])
+    return next((g for g in groups if g["groupName"] == name), None)
+
+
+def claims(emulator: Emulator) -> list[str]:
+    return [c.metadata.name for c in emulator.core.list_namespaced_persistent_volume_claim("default").items]
+
+
+def test_a_workspace_is_a_zero_cpu_pod_with_its_ide_and_keeps_its_files_claim_across_stop_start_and_delete(
+    emulator: Emulator, api: TestClient
+) -> None:
+    api.post("/api/v1/clusters", json=SPEC.model_dump(mode="json")).raise_for_status()
+    until(emulator.rayclusters, "the RayCluster")
+    kuberay_starts(emulator)
+    base = "/api/v1/namespaces/default/spaces"
+    created = api.post(base, json={"name": "nb", "cluster": "demo"})
+    assert created.status_code == 201, created.text
+
+    space = until(lambda: group(emulator, "space-nb"), "the workspace's worker group")
+    assert space["replicas"] == 1 and space["rayStartParams"]["num-cpus"] == "0"
+    pod = space["template"]["spec"]
+    ide = next(c for c in pod["containers"] if c["name"] == "raypod-ide")
+    assert ide["command"][:3] == ["python", "-m", "jupyterlab"] and "--ip=0.0.0.0" in ide["command"]
+    token = next(e for e in ide["env"] if e["name"] == pod_addons.TOKEN_VARIABLE)
+    assert token["valueFrom"]["secretKeyRef"]["name"] == "demo-raypod-sidecars", "the IDE's token is in a Secret"
+    [claim] = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    until(lambda: claim in claims(emulator), "the files' claim")
+    service = until(
+        lambda: next(
+            (s for s in emulator.core.list_namespaced_service("default").items if s.metadata.name == "demo-space-nb"),
+            None,
+        ),
+        "the IDE's Service",
+    )
+    assert service.spec.selector == {"ray.io/cluster": "demo", "ray.io/group": "space-nb"}
+    secret = emulator.core.read_namespaced_secret("demo-raypod-sidecars", "default")
+    assert list(secret.data) == ["space-nb.ide"]
+
+    emulator.start_pod("default", "demo", "space-nb", "demo-space-nb-x1")
+    emulator.run("default", "demo-space-nb-x1", ip="10.0.0.9")
+    ready = until(lambda: api.get(f"{base}/nb").json()["state"] == "Ready" and api.get(f"{base}/nb").json(), "Ready")
+    assert ready["node"] == "space-nb"
+    uid = api.get("/api/v1/namespaces/default/clusters/demo").json()["uid"]
+    proxy = f"{emulator.api.configuration.host}/api/v1/namespaces/default/services/demo-space-nb:8800/proxy"
+    assert api.get("/api/v1/namespaces/default/clusters/demo").json()["status"]["endpoints"]["space/nb"] == proxy
+    plane = api.app.state.control_plane  # type: ignore[attr-defined]
+    assert plane.backend.sidecar_token(uid, "space-nb", "ide") == plane.backend.sidecar_token(uid, "space-nb", "ide")
+
+    assert api.post(f"{base}/nb/stop").status_code == 200
+    until(lambda: group(emulator, "space-nb")["replicas"] == 0, "the group scaled to 0")  # type: ignore[index]
+    assert claim in claims(emulator), "a stopped workspace keeps its files"
+    assert api.post(f"{base}/nb/start").status_code == 200
+    until(lambda: group(emulator, "space-nb")["replicas"] == 1, "the group scaled to 1")  # type: ignore[index]
+
+    assert api.delete(f"{base}/nb").status_code == 200
+    until(lambda: group(emulator, "space-nb") is None, "the group removed")
+    until(
+        lambda: (
+            "demo-space-nb" not in [s.metadata.name for s in emulator.core.list_namespaced_service("default").items]
+        ),
+        "the IDE's Service deleted",
+    )
+    assert claim in claims(emulator), "deleted with its files kept (the default)"
+    assert api.post(base, json={"name": "nb", "cluster": "demo"}).status_code == 201
+    assert api.delete(f"{base}/nb", params={"keep_files": "false"}).status_code == 200
+    until(lambda: claim not in claims(emulator), "the claim deleted with --delete-files")
