@@ -9,8 +9,9 @@ Values of ``argv``, ``cwd`` and environment may hold placeholders the backend fi
 add-on directory as the node sees it), ``{port}`` (a port the backend reserved for the sidecar), ``{gcs}`` (the
 cluster's GCS address), ``{token}`` (the sidecar's secret, kept by the backend, 0600, presented by the gateway
 and the readiness probe; never in a spec or an event), ``{python}`` (the Python with raypod installed: the server's
-own on the local backend, the image's ``python`` in a pod) and ``{host}`` (the address a sidecar listens on: loopback
-on the local backend, where the gateway is on the same host; every address in a pod, reached through its Service).
+own on the local backend, the image's ``python`` in a pod), ``{host}`` (the address a sidecar listens on: loopback
+on the local backend, where the gateway is on the same host; every address in a pod, reached through its Service)
+and ``{node}`` (the node's name as the backend knows it: raypod's on the local backend, the pod's on Kubernetes).
 
 A leaf module of the vocabulary: it imports nothing of raypod.
 """
@@ -40,6 +41,9 @@ class Sidecar:
     cwd: str = "/"
     ready: Probe | None = None
     endpoint: str = ""  # the cluster endpoint it is published as once ``ready`` answers (``space/<name>``)
+    # Variables whose values are secrets (a credential to report to the control plane): never in a manifest (a
+    # Secret on Kubernetes); the local backend gives them to the process alone.
+    secret_env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ class Filled:
     token: str = ""
     python: str = sys.executable
     host: str = "127.0.0.1"
+    node: str = ""
 
     def __call__(self, value: str) -> str:
         return (
@@ -86,6 +91,7 @@ class Filled:
             .replace("{token}", self.token)
             .replace("{python}", self.python)
             .replace("{host}", self.host)
+            .replace("{node}", self.node)
         )
 
 
@@ -103,4 +109,5 @@ def sidecar_from_json(data: dict[str, Any]) -> Sidecar:
         cwd=str(data.get("cwd", "/")),
         ready=Probe(ready["path"], tuple((str(k), str(v)) for k, v in ready.get("headers", ()))) if ready else None,
         endpoint=str(data.get("endpoint", "")),
+        secret_env=tuple((str(k), str(v)) for k, v in data.get("secret_env", ())),
     )

@@ -180,6 +180,9 @@ class Settings:
     # Kubernetes with Kueue: RayClusters and RayJobs carry Kueue's labels and Kueue admits them; raypod's own
     # admission steps aside (its quotas are exported as Kueue objects: raypod quota kueue).
     kueue: bool = False
+    # Where nodes reach the server (a pod's agent reports there; RAYPOD_NODE_URL): the in-cluster Service on
+    # Kubernetes. Unset: ``public_url``.
+    node_url: str | None = None
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -209,6 +212,7 @@ class Settings:
             "pool_memory": _optional_int(_optional_float_env("RAYPOD_POOL_MEMORY")),
             "pool_gpus": _optional_int(_optional_float_env("RAYPOD_POOL_GPUS")),
             "kueue": _choice_env("RAYPOD_KUEUE", ("0", "1"), "0") == "1",
+            "node_url": os.environ.get("RAYPOD_NODE_URL") or None,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

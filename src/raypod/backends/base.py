@@ -32,6 +32,9 @@ class Feature(StrEnum):
     NODE_COMMANDS = "node-commands"  # run_on_node works: user health checks
     SPACES = "spaces"  # workspace nodes with their IDE
     HANGWATCH = "hangwatch"  # the hang detection agent runs on the nodes
+    # addon_dirs are on the server's own disk: sidecars leave what the control plane reads there. Without it (pods),
+    # a sidecar that reports is given the control plane's address and a credential of its cluster's.
+    SHARED_ADDON_DIRS = "shared-addon-dirs"
     KV_STORE = "kv-store"  # kv_store runs a Redis for a cluster's KV cache (the managed L2 tier)
 
 

@@ -27,7 +27,13 @@ class FakeBackend:
         self,
         capacity: base.HostCapacity | None = None,
         features: frozenset[base.Feature] = frozenset(
-            {base.Feature.DRAIN, base.Feature.NODE_COMMANDS, base.Feature.SPACES, base.Feature.HANGWATCH}
+            {
+                base.Feature.DRAIN,
+                base.Feature.NODE_COMMANDS,
+                base.Feature.SPACES,
+                base.Feature.HANGWATCH,
+                base.Feature.SHARED_ADDON_DIRS,
+            }
         ),
     ) -> None:
         self.features = features

@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
+import os
+import re
+import secrets
+import shutil
 import threading
 import time
 from datetime import UTC, datetime
@@ -116,15 +122,115 @@ def request_id(run_id: str, attempt: str | None) -> str:
     return f"{run_id[:12]}-{(attempt or '')[:12]}-hang"
 
 
+AGENT_TOKEN_PREFIX = "raypod-agent."
+NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}\.json$")
+MAX_REPORT_DETECTIONS = 16
+
+
+class AgentReports:
+    """Where the nodes' agents cannot share a directory with the server (Kubernetes' pods), they send what they
+    write (``status.json``, ``detections/``) over HTTP with a credential of their cluster's, and take the control
+    plane's requests back in the answer. Their files land in a directory per cluster and node here, read by the
+    collector exactly as a local node's add-on directory; what is in them stays untrusted."""
+
+    def __init__(self, home: Path) -> None:
+        self.root = home / "hangwatch-agents"
+        self._key_file = home / "hangwatch-agent.key"
+        self._key: bytes | None = None
+
+    def token(self, cluster_id: str) -> str:
+        """The credential of one cluster's agents: it lets them report for that cluster and nothing else."""
+        return f"{AGENT_TOKEN_PREFIX}{cluster_id}.{self._mac(cluster_id)}"
+
+    def cluster_of(self, token: str) -> str | None:
+        if not token.startswith(AGENT_TOKEN_PREFIX):
+            return None
+        cluster_id, _, mac = token.removeprefix(AGENT_TOKEN_PREFIX).partition(".")
+        if not cluster_id or not hmac.compare_digest(mac, self._mac(cluster_id)):
+            return None
+        return cluster_id
+
+    def receive(self, token: str, node: str, report: dict[str, Any]) -> dict[str, Any]:
+        """Store an agent's report; answer the requests waiting for that node (each handed over once).
+
+        Raises:
+            Unauthenticated (not a cluster's agent credential), InvalidSpec (a node or file name, a size)."""
+        cluster_id = self.cluster_of(token)
+        if cluster_id is None:
+            raise errors.Unauthenticated("not a hangwatch agent's credential")
+        if not NODE_NAME.match(node):
+            raise errors.InvalidSpec("a node is named as a pod: lowercase letters, digits, '-' and '.'")
+        detections = report.get("detections") or {}
+        status = report.get("status")
+        if not isinstance(detections, dict) or len(detections) > MAX_REPORT_DETECTIONS:
+            raise errors.InvalidSpec(f"detections: at most {MAX_REPORT_DETECTIONS} files, by name")
+        for name, data in [("status.json", status), *detections.items()]:
+            if data is not None and (not isinstance(data, dict) or not FILE_NAME.match(str(name))):
+                raise errors.InvalidSpec(f"{str(name)[:130]}: a file is a JSON object named <name>.json")
+        directory = self.root / cluster_id / node
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if status is not None:
+            untrusted_files.write_json(directory, "status.json", status)
+        for name, data in detections.items():
+            untrusted_files.write_json(directory, f"detections/{name}", data)
+        requests = {}
+        for name in untrusted_files.list_names(directory, "requests", ".json", MAX_REPORT_DETECTIONS):
+            found = untrusted_files.read_json(directory, f"requests/{name}", MAX_FILE_BYTES)
+            with contextlib.suppress(OSError):
+                (directory / "requests" / name).unlink()
+            if found is not None:
+                requests[name] = found
+        return {"requests": requests}
+
+    def dirs(self, cluster_id: str) -> dict[str, Path]:
+        """The nodes that reported for the cluster, and the directory of each."""
+        folder = self.root / cluster_id
+        if not folder.is_dir():
+            return {}
+        return {child.name: child for child in folder.iterdir() if child.is_dir() and not child.is_symlink()}
+
+    def forget(self, alive: set[str]) -> None:
+        """The reports of clusters that are gone."""
+        if self.root.is_dir():
+            for child in self.root.iterdir():
+                if child.name not in alive:
+                    shutil.rmtree(child, ignore_errors=True)
+
+    def _mac(self, cluster_id: str) -> str:
+        if self._key is None:
+            self._key = _secret_key(self._key_file)
+        return hmac.new(self._key, f"hangwatch-agent:{cluster_id}".encode(), hashlib.sha256).hexdigest()[:43]
+
+
+def _secret_key(path: Path) -> bytes:
+    """A key made once and kept 0600: agents' credentials survive a restart of the server."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(secrets.token_bytes(32))
+    return path.read_bytes()
+
+
 class HangCollector(Periodic):
     """A thread that collects every cluster's agents' reports each ``interval_s``."""
 
     thread_name = "raypod-hangs"
 
     def __init__(
-        self, db: store.Store, jobs: JobService, interval_s: float = 1.0, outbound: Policy | None = None
+        self,
+        db: store.Store,
+        jobs: JobService,
+        interval_s: float = 1.0,
+        outbound: Policy | None = None,
+        reports: AgentReports | None = None,
     ) -> None:
         super().__init__(interval_s)
+        self.reports = reports  # where agents report over HTTP (the backend shares no directory with the server)
         self.outbound = outbound or Policy()
         self.store = db
         self.jobs = jobs
@@ -151,9 +257,13 @@ class HangCollector(Periodic):
                 log.exception("collecting the hang reports of cluster %s/%s", view.spec.namespace, view.spec.name)
         for uid in [uid for uid in self.progress if uid not in alive]:
             del self.progress[uid]
+        if self.reports is not None:
+            self.reports.forget(alive)
 
     def _collect_cluster(self, view: state.ClusterView, now: float) -> None:
         dirs = {node: found / hangwatch_addons.SUBDIR for node, found in self.backend.addon_dirs(view.uid).items()}
+        if self.reports is not None:
+            dirs.update(self.reports.dirs(view.uid))
         runs = self._progress(dirs, now)
         for run, places in runs:
             self._judge(view, run, places)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -38,7 +39,7 @@ class Reconciler:
         gcs_unreachable_timeout_s: float = status.DEFAULT_GCS_UNREACHABLE_TIMEOUT_S,
         health: HealthMonitor | None = None,
         scheduler: Callable[[], None] | None = None,
-        node_addons: Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None = None,
+        node_addons: Callable[[str, spec_mod.NodeSpec], addons.NodeAddons] | None = None,
     ) -> None:
         self.store = db
         self.node_addons = node_addons
@@ -150,7 +151,7 @@ class Reconciler:
             try:
                 # A queued cluster has no object on the backend: KubeRay would start its pods.
                 self.backend.apply(
-                    view.uid, view.spec, deleting=view.deleting or view.queued, node_addons=self.node_addons
+                    view.uid, view.spec, deleting=view.deleting or view.queued, node_addons=self._addons_of(view.uid)
                 )
             except errors.RaypodError as exc:  # observed all the same: what cannot be seen shows as unknown
                 self._record(view, state.EventType.WARNING, "FailedToApply", exc.message[:2000], None)
@@ -194,7 +195,7 @@ class Reconciler:
         def record(kind: state.EventType, reason: str, message: str, node: str | None) -> None:
             self._record(view, kind, reason, message, node)
 
-        outcomes = execute.execute(self._with_addons(planned), self.backend, view.uid, record)
+        outcomes = execute.execute(self._with_addons(view.uid, planned), self.backend, view.uid, record)
         if any(isinstance(o.action, actions.ReleaseCluster) and o.error is None for o in outcomes):
             self.store.remove(view.uid)
             self.health.forget(view.uid)
@@ -232,12 +233,15 @@ class Reconciler:
             self._quiet[view.uid] = (view.generation, observed, time.monotonic() + QUIET_RECHECK_S)
         return is_settled
 
-    def _with_addons(self, planned: list[actions.Action]) -> list[actions.Action]:
+    def _addons_of(self, cluster_id: str) -> Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None:
+        return functools.partial(self.node_addons, cluster_id) if self.node_addons is not None else None
+
+    def _with_addons(self, cluster_id: str, planned: list[actions.Action]) -> list[actions.Action]:
         """Each node to create with what the capabilities add to it (the plan stays pure: this reads files)."""
         if self.node_addons is None:
             return planned
         return [
-            dataclasses.replace(a, node=dataclasses.replace(a.node, addons=self.node_addons(a.node)))
+            dataclasses.replace(a, node=dataclasses.replace(a.node, addons=self.node_addons(cluster_id, a.node)))
             if isinstance(a, actions.CreateNode)
             else a
             for a in planned

@@ -13,7 +13,7 @@ from raypod.controlplane import addons as node_addons
 from raypod.controlplane import loop, plan
 from raypod.controlplane.clusters import ClusterService
 from raypod.controlplane.governance import GovernanceService
-from raypod.controlplane.hangwatch import HangCollector
+from raypod.controlplane.hangwatch import AgentReports, HangCollector
 from raypod.controlplane.identity import IdentityService
 from raypod.controlplane.jobs import JobService, JobSupervisor
 from raypod.controlplane.serving import ModelCatalog, ServingApplier, ServingService
@@ -48,6 +48,8 @@ class ControlPlane:
         if not chosen.tenancy.isolated:
             log.warning("tenancy: %s", chosen.tenancy.summary)
         ids = IdentityService(db)
+        # Nodes that share no directory with the server (pods) report their agents' files over HTTP.
+        reports = None if base.Feature.SHARED_ADDON_DIRS in chosen.features else AgentReports(settings.home)
         governor = GovernanceService(
             db,
             ids,
@@ -69,7 +71,9 @@ class ControlPlane:
                 drain_timeout_s=settings.drain_timeout_s, node_start_timeout_s=settings.node_start_timeout_s
             ),
             gcs_unreachable_timeout_s=settings.gcs_unreachable_timeout_s,
-            node_addons=node_addons.NodeAddonMaker(settings.home),
+            node_addons=node_addons.NodeAddonMaker(
+                settings.home, reports, settings.node_url or settings.public_url, _ca(settings)
+            ),
         )
         governor.wake = reconciler.wake
         ca_file = (settings.tls_ca or settings.tls_cert) if settings.tls else None
@@ -96,7 +100,9 @@ class ControlPlane:
             spaces=SpaceService(clusters, settings.home),
             supervisor=supervisor,
             serving_applier=applier,
-            hangs=HangCollector(db, job_service, interval_s=side_interval_s, outbound=settings.outbound),
+            hangs=HangCollector(
+                db, job_service, interval_s=side_interval_s, outbound=settings.outbound, reports=reports
+            ),
         )
 
     def info(self) -> state.ServerInfo:
@@ -123,3 +129,12 @@ class ControlPlane:
         self.reconciler.stop()
         self.backend.close()
         self.store.close()
+
+
+def _ca(settings: config.Settings) -> bytes | None:
+    """raypod's own CA (public), for nodes that verify the server's certificate; None without TLS or one."""
+    path = (settings.tls_ca or settings.tls_cert) if settings.tls else None
+    try:
+        return path.read_bytes() if path else None
+    except OSError:
+        return None

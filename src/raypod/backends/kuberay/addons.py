@@ -28,6 +28,7 @@ FILES_MOUNT = "/raypod/addon-files"
 RAY_TMP = "/tmp/ray"  # Ray's session and log directory: the hangwatch agent reads the ranks' logs there
 SIDECAR_PORT = 8800  # the first sidecar's port; the next ones count up
 TOKEN_VARIABLE = "RAYPOD_SIDECAR_TOKEN"
+POD_NAME_VARIABLE = "RAYPOD_POD_NAME"  # the downward API's pod name: ``{node}`` in a pod
 ANNOTATION = "raypod.io/addons"
 PREFIX = "raypod-"  # containers and volumes raypod adds to a pod carry it
 _ADDON_VOLUME, _FILES_VOLUME, _TMP_VOLUME = f"{PREFIX}addons", f"{PREFIX}addon-files", f"{PREFIX}ray-tmp"
@@ -58,6 +59,11 @@ def service_name(cluster: str, endpoint: str) -> str:
 def token_key(group: str, sidecar: str) -> str:
     """A sidecar's key in the cluster's sidecar Secret."""
     return f"{group}.{sidecar}"
+
+
+def secret_key(group: str, sidecar: str, variable: str) -> str:
+    """A sidecar's secret variable's key in the cluster's sidecar Secret."""
+    return f"{group}.{sidecar}.{variable}"
 
 
 def file_key(group: str, path: str) -> str:
@@ -159,10 +165,14 @@ def add_to_template(
         sidecar_env: list[dict[str, Any]] = [
             {"name": name, "value": _fill(value, cluster, namespace, port)} for name, value in sidecar.env
         ]
+        for variable, _ in sidecar.secret_env:
+            secret = {"name": sidecar_secret(cluster), "key": secret_key(group, sidecar.name, variable)}
+            sidecar_env.append({"name": variable, "valueFrom": {"secretKeyRef": secret}})
         if sidecar.name in with_token:
             secret = {"name": sidecar_secret(cluster), "key": token_key(group, sidecar.name)}
             sidecar_env.insert(0, {"name": TOKEN_VARIABLE, "valueFrom": {"secretKeyRef": secret}})
-        container["env"] = [*ray["env"], *sidecar_env]
+        pod_name = {"name": POD_NAME_VARIABLE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+        container["env"] = [pod_name, *ray["env"], *sidecar_env]
         if sidecar.name in ports:
             container["ports"] = [{"containerPort": port, "name": f"{PREFIX}{index}"}]
             if sidecar.ready is not None:
@@ -186,6 +196,7 @@ def _fill(value: str, cluster: str, namespace: str, port: int) -> str:
         token=f"$({TOKEN_VARIABLE})",
         python="python",
         host="0.0.0.0",
+        node=f"$({POD_NAME_VARIABLE})",
     )(value)
 
 
@@ -237,12 +248,16 @@ def _drop(holder: dict[str, Any], key: str, gone: Any) -> None:
 
 
 def objects_wanted(per_group: Iterable[tuple[str, addons.NodeAddons]]) -> dict[str, Any]:
-    """The ConfigMap data (files) and Secret keys (sidecar tokens) the groups' add-ons need, and the bound paths."""
+    """The ConfigMap data (files), the Secret's keys (sidecar tokens to make, secret variables as given) the
+    groups' add-ons need, and the bound paths."""
     files: dict[str, bytes] = {}
     tokens: list[str] = []
+    secrets: dict[str, str] = {}
     binds: list[str] = []
     for group, found in per_group:
         files.update({file_key(group, path): data for path, data in found.files})
         tokens += [token_key(group, name) for name in uses_token(found)]
+        for sidecar in found.sidecars:
+            secrets.update({secret_key(group, sidecar.name, name): value for name, value in sidecar.secret_env})
         binds += list(found.binds)
-    return {"files": files, "tokens": tokens, "binds": binds}
+    return {"files": files, "tokens": tokens, "secrets": secrets, "binds": binds}

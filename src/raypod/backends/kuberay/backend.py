@@ -74,6 +74,7 @@ class KubeRayBackend(RayWorkloads):
             base.Feature.CHANGE_EVENTS,
             base.Feature.GCS_FAULT_TOLERANCE,
             base.Feature.SPACES,
+            base.Feature.HANGWATCH,
         }
     )
     tenancy = base.Tenancy(

@@ -87,8 +87,14 @@ class Objects:
             return self._write(kind, "create", namespace, name, manifest)
         if ((current.get("metadata") or {}).get("annotations") or {}).get(DIGEST_ANNOTATION) == digest:
             return current
-        manifest["metadata"]["resourceVersion"] = current["metadata"].get("resourceVersion")
-        return self._write(kind, "replace", namespace, name, manifest)
+        body = {key: value for key, value in manifest.items() if key not in ("apiVersion", "kind", "metadata")}
+        patch = merge_patch({key: current.get(key) for key in body}, body) or {}
+        patch["metadata"] = {
+            "labels": manifest["metadata"]["labels"],
+            "annotations": manifest["metadata"]["annotations"],
+            "resourceVersion": current["metadata"].get("resourceVersion"),  # 409 if it changed since it was read
+        }
+        return self._write(kind, "patch", namespace, name, patch)
 
     def delete(self, kind: str, namespace: str, name: str, owner: str | None) -> None:
         """Delete the object if raypod made it (for ``owner``, when given); nothing where there is none."""
@@ -111,7 +117,13 @@ class Objects:
             if verb == "create":
                 found = self._method(kind, verb)(namespace, manifest, _request_timeout=self._timeout)
             else:
-                found = self._method(kind, verb)(name, namespace, manifest, _request_timeout=self._timeout)
+                found = self._method(kind, verb)(
+                    name,
+                    namespace,
+                    manifest,
+                    _request_timeout=self._timeout,
+                    _content_type="application/merge-patch+json",
+                )
         except ApiException as exc:
             if exc.status == 409:
                 raise errors.TransientError(f"{verb} {kind} {namespace}/{name}: it changed meanwhile") from None

@@ -46,8 +46,8 @@ class AddonObjects:
             self.objects.ensure(_object("ConfigMap", namespace, name, binaryData=binary), cluster_id)
         else:
             self.objects.delete("ConfigMap", namespace, name, cluster_id)
-        if wanted["tokens"]:
-            self._ensure_tokens(cluster_id, namespace, cluster, wanted["tokens"])
+        if wanted["tokens"] or wanted["secrets"]:
+            self._ensure_secret(cluster_id, namespace, cluster, wanted["tokens"], wanted["secrets"])
         for path in wanted["binds"]:
             claim = _object(
                 "PersistentVolumeClaim",
@@ -117,15 +117,21 @@ class AddonObjects:
             self._tokens[cluster_id] = values
         return values[key]
 
-    def _ensure_tokens(self, cluster_id: str, namespace: str, cluster: str, keys: list[str]) -> None:
-        """Each key a random token once; a token is kept for as long as the cluster lives (the IDE has it)."""
+    def _ensure_secret(
+        self, cluster_id: str, namespace: str, cluster: str, tokens: list[str], given: dict[str, str]
+    ) -> None:
+        """Each token key a random token once, kept for as long as the cluster lives (the IDE has it); the given
+        values as they are."""
 
         def keep(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
             kept = dict(current.get("data") or {})
-            desired["data"] = {key: kept.get(key, value) for key, value in desired["data"].items()}
+            desired["data"] = {
+                key: value if key in given else kept.get(key, value) for key, value in desired["data"].items()
+            }
             return desired
 
-        data = {key: base64.b64encode(secrets.token_urlsafe(32).encode()).decode() for key in sorted(keys)}
+        made = {key: secrets.token_urlsafe(32) for key in sorted(tokens)}
+        data = {key: base64.b64encode(value.encode()).decode() for key, value in {**made, **given}.items()}
         made = self.objects.ensure(
             _object("Secret", namespace, pod_addons.sidecar_secret(cluster), type="Opaque", data=data),
             cluster_id,

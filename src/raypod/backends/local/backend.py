@@ -57,6 +57,7 @@ class LocalBackend:
                 base.Feature.NODE_COMMANDS,
                 base.Feature.SPACES,
                 base.Feature.HANGWATCH,
+                base.Feature.SHARED_ADDON_DIRS,
                 base.Feature.KV_STORE,
             }
             | ({base.Feature.GPUS} if self._gpus else set())

@@ -171,7 +171,9 @@ class Launcher:
             env[SHARED_DIR_VARIABLE] = os.path.join(cluster.temp_dir, "shared")
             if node.managed_redis and cluster.redis_port:
                 env["RAY_REDIS_ADDRESS"] = f"127.0.0.1:{cluster.redis_port}"
-        fill = addons.Filled(addon_dir=record.addon_dir, gcs=f"127.0.0.1:{cluster.gcs_port}" if cluster else "")
+        fill = addons.Filled(
+            addon_dir=record.addon_dir, gcs=f"127.0.0.1:{cluster.gcs_port}" if cluster else "", node=record.name
+        )
         env.update({name: fill(value) for name, value in node.addons.env})
         for name, item in node.addons.env_lists:
             present = [entry for entry in env.get(name, "").split(",") if entry.strip()]

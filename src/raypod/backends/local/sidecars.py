@@ -56,9 +56,11 @@ class Sidecars:
             gcs=f"127.0.0.1:{cluster.gcs_port}",
             port=record.sidecar_ports.get(sidecar, 0),
             token=self.records.sidecar_token(cluster_id, record.name, sidecar),
+            node=record.name,
         )
         try:
-            environment = {**self.launcher.running_environment(record), **{k: fill(v) for k, v in wanted.env}}
+            own = {k: fill(v) for k, v in (*wanted.env, *wanted.secret_env)}
+            environment = {**self.launcher.running_environment(record), **own}
             launch = self.launcher.as_node(record, environment, [fill(arg) for arg in wanted.argv])
         except (psutil.Error, errors.RaypodError) as exc:
             raise errors.TransientError(f"node {record.name} is starting or stopping: {exc}") from exc

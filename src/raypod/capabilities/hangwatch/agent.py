@@ -25,6 +25,7 @@ from typing import Any
 from raypod import spec as spec_mod
 from raypod.capabilities.hangwatch import detector, diagnostics, layout, logs
 from raypod.capabilities.hangwatch.gpu import GpuUse, visible_devices
+from raypod.capabilities.hangwatch.report import Reporter
 
 log = logging.getLogger("raypod.hangwatch")
 
@@ -357,10 +358,13 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, _stop)
     log.info("hangwatch agent %d follows %s", os.getpid(), root)
     requests = root / "requests"
+    reporter = Reporter.from_environment(root)
     while not stop:
         started = time.monotonic()
         try:
             agent.poll(time.time())
+            if reporter is not None and reporter.report():
+                agent.handle_requests(time.time())
         except Exception:
             log.exception("hangwatch poll failed")
         # Between polls, look for the control plane's requests often: a stat of one directory.

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Header, Path, Query
+from pydantic import BaseModel, Field
 
-from raypod import state
+from raypod import errors, state
 from raypod.controlplane import hangwatch
-from raypod.server.auth import Caller
+from raypod.server.auth import Caller, bearer_token
 from raypod.server.routes import part
 from raypod.server.routes.clusters import NamePath
 
@@ -36,3 +37,28 @@ def training_progress(
 ) -> list[state.RunProgress]:
     """Live Ray Train runs of the cluster and each rank's progress, as the nodes' agents see it."""
     return collector.training(caller, namespace, name)
+
+
+class AgentReport(BaseModel):
+    """What a node's hangwatch agent wrote since its last report (its files, which stay untrusted)."""
+
+    status: dict[str, Any] | None = None
+    detections: dict[str, dict[str, Any]] = Field(default_factory=dict, max_length=hangwatch.MAX_REPORT_DETECTIONS)
+
+
+@router.post("/hangwatch/agents/{node}")
+def agent_report(
+    collector: Collector,
+    node: Annotated[str, Path(max_length=253)],
+    report: AgentReport,
+    authorization: Annotated[str | None, Header()] = None,
+) -> dict[str, Any]:
+    """For the agents in Kubernetes' pods, which share no directory with the server: authenticated with their
+    cluster's agent credential (not a user's token; it reports for that cluster only). Answers the control
+    plane's requests for the node (a hang to act on)."""
+    if collector.reports is None:
+        raise errors.NotFound("on this backend the agents' files are read from the nodes' directories")
+    token = bearer_token(authorization)
+    if token is None:
+        raise errors.Unauthenticated("a hangwatch agent sends 'Authorization: Bearer <its cluster's credential>'")
+    return collector.reports.receive(token, node, report.model_dump())
