@@ -515,23 +515,6 @@ def test_a_kubernetes_node_where_raypods_pods_keep_failing_is_tainted_for_the_qu
     assert uid
 
 
-def test_hang_detection_asked_for_on_kubernetes_is_refused_with_a_clear_message_not_answered_with_no_hangs(
-    tmp_path: Path, emulator: Emulator, backend: kuberay.KubeRayBackend
-) -> None:
-    settings = config.Settings(home=tmp_path, reconcile_interval_s=0.05, tls=False)
-    with TestClient(create_app(settings, backend=backend), raise_server_exceptions=False) as api:
-        token = json.loads((tmp_path / "credentials").read_text())["token"]
-        api.headers["Authorization"] = f"Bearer {token}"
-        api.post("/api/v1/clusters", json=SPEC.model_dump(mode="json")).raise_for_status()
-        base = "/api/v1/namespaces/default/clusters/demo"
-        for path in ("hangs", "training"):
-            refused = api.get(f"{base}/{path}")
-            assert refused.status_code == 422 and "no agent runs in KubeRay's pods" in refused.json()["message"]
-        job = {"entrypoint": "python train.py", "metadata": {"raypod.hang_timeout": "15m"}}
-        refused = api.post(f"{base}/jobs", json=job)
-        assert refused.status_code == 422 and "hung-job detection does not run" in refused.json()["message"]
-
-
 def test_a_pod_no_kubernetes_node_can_take_says_why_in_its_nodes_reason() -> None:
     pod = {
         "metadata": {"name": "demo-head-x1", "labels": {"ray.io/node-type": "head"}},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Query
+from fastapi import APIRouter, Depends, Header, Path, Query
 from pydantic import BaseModel, Field
 
 from raypod import errors, state
@@ -46,19 +46,24 @@ class AgentReport(BaseModel):
     detections: dict[str, dict[str, Any]] = Field(default_factory=dict, max_length=hangwatch.MAX_REPORT_DETECTIONS)
 
 
+def agent_credential(authorization: Annotated[str | None, Header()] = None) -> str:
+    """Checked before the body is read: no credential is a 401, whatever was sent."""
+    token = bearer_token(authorization)
+    if token is None:
+        raise errors.Unauthenticated("a hangwatch agent sends 'Authorization: Bearer <its cluster's credential>'")
+    return token
+
+
 @router.post("/hangwatch/agents/{node}")
 def agent_report(
+    token: Annotated[str, Depends(agent_credential)],
     collector: Collector,
     node: Annotated[str, Path(max_length=253)],
     report: AgentReport,
-    authorization: Annotated[str | None, Header()] = None,
 ) -> dict[str, Any]:
     """For the agents in Kubernetes' pods, which share no directory with the server: authenticated with their
     cluster's agent credential (not a user's token; it reports for that cluster only). Answers the control
     plane's requests for the node (a hang to act on)."""
     if collector.reports is None:
         raise errors.NotFound("on this backend the agents' files are read from the nodes' directories")
-    token = bearer_token(authorization)
-    if token is None:
-        raise errors.Unauthenticated("a hangwatch agent sends 'Authorization: Bearer <its cluster's credential>'")
     return collector.reports.receive(token, node, report.model_dump())
