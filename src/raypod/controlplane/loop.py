@@ -115,7 +115,7 @@ class Reconciler:
     def _is_left_alone(self, view: state.ClusterView) -> bool:
         """A settled cluster on a backend that reports changes is not even observed until one is reported (its
         spec changed, the backend called) or its resync is due: the event-driven half of a level-triggered loop."""
-        if base.Feature.CHANGE_EVENTS not in self.backend.features or view.deleting:
+        if base.Feature.CHANGE_EVENTS not in self.backend.features or view.deleting or self.health.checks_due(view):
             return False
         quiet = self._quiet.get(view.uid)
         return quiet is not None and quiet[0] == view.generation and time.monotonic() < quiet[2]

@@ -185,3 +185,61 @@ def test_hang_detection_runs_in_every_pod_and_its_agents_report_over_http_with_t
     assert api.post("/api/v1/hangwatch/agents/..", json=report, headers=headers).status_code in (404, 422)
     bad = {"detections": {"../../etc/passwd": {}}}
     assert api.post("/api/v1/hangwatch/agents/a", json=bad, headers=headers).status_code == 422
+
+
+class FakeExec:
+    """The websocket ``pods/exec`` answers with (a mock: kmock has no exec, and no API server can run here): each
+    call is recorded; the pods in ``failing`` exit 1."""
+
+    def __init__(self, failing: set[str]) -> None:
+        self.failing = failing
+        self.calls: list[tuple[str, str, list[str]]] = []
+
+    def __call__(self, method: Any, pod: str, namespace: str, **kwargs: Any) -> Any:
+        self.calls.append((pod, kwargs["container"], kwargs["command"]))
+        failing = pod in self.failing
+
+        class Response:
+            returncode = 1 if failing else 0
+            _open = True
+
+            def is_open(self) -> bool:
+                return self._open
+
+            def update(self, timeout: float) -> None:
+                self._open = False
+
+            def peek_stdout(self) -> bool:
+                return True
+
+            def read_stdout(self) -> str:
+                return "disk full\n" if failing else ""
+
+            def peek_stderr(self) -> bool:
+                return False
+
+            def close(self) -> None:
+                pass
+
+        return Response()
+
+
+def test_health_checks_run_in_the_ray_container_and_a_failing_pod_is_replaced(
+    emulator: Emulator, api: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from raypod.backends.kuberay import podexec
+
+    fake = FakeExec({"demo-w-worker-a"})
+    monkeypatch.setattr(podexec, "stream", fake)
+    check = {"name": "disk", "command": "test -w /tmp", "period_s": 1, "timeout_s": 1, "failure_threshold": 1}
+    spec = {**SPEC.model_dump(mode="json"), "health_checks": [check]}
+    created = api.post("/api/v1/clusters", json=spec)
+    assert created.status_code == 202, created.text
+    until(emulator.rayclusters, "the RayCluster")
+    kuberay_starts(emulator)
+    until(lambda: "demo-w-worker-a" not in [p.metadata.name for p in emulator.pods()], "the failing pod deleted")
+    assert "demo-w-worker-b" in [p.metadata.name for p in emulator.pods()], "a healthy pod is left alone"
+    _, container, command = next(call for call in fake.calls if call[0] == "demo-w-worker-a")
+    assert container == "ray-worker" and command == ["timeout", "-s", "KILL", "1", "/bin/sh", "-c", "test -w /tmp"]
+    events = api.get("/api/v1/namespaces/default/clusters/demo/events").json()
+    assert any("disk" in e["message"] for e in events), [e["message"] for e in events]

@@ -31,6 +31,7 @@ from raypod.backends.kuberay import api_errors, manifests
 from raypod.backends.kuberay import pods as pods_mod
 from raypod.backends.kuberay.informer import Informer, Key
 from raypod.backends.kuberay.objects import Objects, merge_patch
+from raypod.backends.kuberay.podexec import PodExec
 from raypod.backends.kuberay.pods import observed_nodes
 from raypod.backends.kuberay.sidecars import AddonObjects
 from raypod.backends.kuberay.taints import QUARANTINE_TAINT, NodeQuarantine
@@ -75,6 +76,7 @@ class KubeRayBackend(RayWorkloads):
             base.Feature.GCS_FAULT_TOLERANCE,
             base.Feature.SPACES,
             base.Feature.HANGWATCH,
+            base.Feature.NODE_COMMANDS,
         }
     )
     tenancy = base.Tenancy(
@@ -108,6 +110,7 @@ class KubeRayBackend(RayWorkloads):
         self.tokens = RayTokens(self._core, request_timeout_s, self._call)
         self.objects = Objects(api, request_timeout_s)
         self.addon_objects = AddonObjects(self.objects)
+        self.podexec = PodExec(api.configuration)
         self._listener: Callable[[str], None] = lambda cluster_id: None
         self.clusters = Informer(
             PLURAL,
@@ -302,7 +305,15 @@ class KubeRayBackend(RayWorkloads):
             self.quarantine.count_failure(host, quarantine_s)
 
     def run_on_node(self, cluster_id: str, name: str, command: str, timeout_s: float) -> CommandResult:
-        raise errors.PermanentError("commands on nodes (health checks) are not available on Kubernetes yet")
+        """In the node's Ray container, through ``pods/exec``. Raises NotFound (no such node), as PodExec.run."""
+        where = self._known.get(cluster_id) or self._find(cluster_id)
+        with self._lock:
+            pods = list(self._pods_by_cluster.get(where, {}).values()) if where else []
+        pod = pods_mod.pods_by_node(pods).get(name)
+        if where is None or pod is None:
+            raise errors.NotFound(f"node {name} has no pod")
+        container = "ray-head" if pods_mod.is_head(pod) else "ray-worker"
+        return self.podexec.run(where[0], pod["metadata"]["name"], container, command, timeout_s)
 
     def addon_dirs(self, cluster_id: str) -> dict[str, Path]:
         return {}  # node add-ons are not rendered into KubeRay's pods yet (docs/kubernetes.md)

@@ -65,6 +65,20 @@ class HealthMonitor:
         self._checks: dict[str, dict[tuple[str, str], _Check]] = {}
         self._host_sample: tuple[float, model.SignalResult] | None = None
 
+    def checks_due(self, view: state.ClusterView) -> bool:
+        """A health check of the cluster has finished, or is due to start: a loop that leaves settled clusters
+        alone between changes (KubeRay's) looks at this one now all the same."""
+        if not view.spec.health_checks:
+            return False
+        now = self.clock()
+        period = min(check.period_s for check in view.spec.health_checks)
+        with self._lock:
+            entries = list(self._checks.get(view.uid, {}).values())
+        return any(
+            (e.running is not None and e.running.done()) or (e.running is None and now - e.started_at >= period)
+            for e in entries
+        )
+
     def assess(
         self, view: state.ClusterView, observed: state.ObservedCluster
     ) -> tuple[dict[str, model.NodeHealth], list[Transition]]:
