@@ -243,3 +243,58 @@ def test_health_checks_run_in_the_ray_container_and_a_failing_pod_is_replaced(
     assert container == "ray-worker" and command == ["timeout", "-s", "KILL", "1", "/bin/sh", "-c", "test -w /tmp"]
     events = api.get("/api/v1/namespaces/default/clusters/demo/events").json()
     assert any("disk" in e["message"] for e in events), [e["message"] for e in events]
+
+
+def test_the_managed_l2_is_a_password_protected_valkey_only_the_clusters_serving_pods_may_reach(
+    tmp_path: Path, emulator: Emulator, api: TestClient
+) -> None:
+    import fsspec
+    import yaml
+
+    from raypod.backends.kuberay import kvstore
+    from raypod.serving.testing import build_llama
+    from tests.server.conftest import add_model
+
+    model = build_llama(tmp_path / "tiny", "tiny", max_context=512)
+    fs = fsspec.filesystem("memory")
+    for path in model.iterdir():
+        fs.pipe_file(f"/models/l2/{path.name}", path.read_bytes())
+    assert add_model(api, {}, {"id": "tiny", "source": "memory://models/l2"})["status"] == "ADDED"
+    spec = {**SPEC.model_dump(mode="json"), "head": {"cpus": 1, "memory": "2Gi"}}
+    api.post("/api/v1/clusters", json=spec).raise_for_status()
+    deployed = api.post("/api/v1/namespaces/default/clusters/demo/deployments", json={"model": "tiny", "name": "chat"})
+    assert deployed.status_code == 202, deployed.text
+
+    def rayservice() -> Any:
+        found = emulator.custom.list_namespaced_custom_object("ray.io", "v1", "default", "rayservices")["items"]
+        return found[0] if found else None
+
+    applied = until(rayservice, "the RayService, with raypod's own L2")
+    [app] = yaml.safe_load(applied["spec"]["serveConfigV2"])["applications"]
+    assert app["args"]["settings"]["l2_url_file"] == kvstore.URL_FILE and not app["args"]["settings"].get("l2_url")
+    assert "redis://" not in json.dumps(applied), "the password is in no manifest"
+    head = applied["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]
+    assert head["metadata"]["labels"][kvstore.CLIENT_LABEL] == "demo"
+    assert {"name": "raypod-kv", "mountPath": "/raypod/kv", "readOnly": True} in head["spec"]["containers"][0][
+        "volumeMounts"
+    ]
+    secret = emulator.core.read_namespaced_secret("demo-raypod-kv", "default")
+    url = __import__("base64").b64decode(secret.data["url"]).decode()
+    password = __import__("base64").b64decode(secret.data["password"]).decode()
+    assert url == f"redis://:{password}@demo-raypod-kv.default.svc:6379/0" and len(password) >= 32
+    apps = __import__("kubernetes").client.AppsV1Api(emulator.core.api_client)
+    [container] = apps.read_namespaced_deployment("demo-raypod-kv", "default").spec.template.spec.containers
+    assert container.args[:2] == ["--requirepass", "$(VALKEY_PASSWORD)"] and "allkeys-lru" in container.args
+    networking = __import__("kubernetes").client.NetworkingV1Api(emulator.core.api_client)
+    policy = networking.read_namespaced_network_policy("demo-raypod-kv", "default")
+    [rule] = policy.spec.ingress
+    assert rule._from[0].pod_selector.match_labels == {kvstore.CLIENT_LABEL: "demo"}
+    assert emulator.core.read_namespaced_service("demo-raypod-kv", "default").spec.ports[0].port == 6379
+
+    assert api.delete("/api/v1/namespaces/default/clusters/demo").status_code == 202
+    until(
+        lambda: (
+            "demo-raypod-kv" not in [s.metadata.name for s in emulator.core.list_namespaced_secret("default").items]
+        ),
+        "the store's Secret deleted with its cluster",
+    )

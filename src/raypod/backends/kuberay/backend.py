@@ -30,6 +30,7 @@ from raypod.backends.commands import CommandResult
 from raypod.backends.kuberay import api_errors, manifests
 from raypod.backends.kuberay import pods as pods_mod
 from raypod.backends.kuberay.informer import Informer, Key
+from raypod.backends.kuberay.kvstore import KvStores
 from raypod.backends.kuberay.objects import Objects, merge_patch
 from raypod.backends.kuberay.podexec import PodExec
 from raypod.backends.kuberay.pods import observed_nodes
@@ -77,6 +78,7 @@ class KubeRayBackend(RayWorkloads):
             base.Feature.SPACES,
             base.Feature.HANGWATCH,
             base.Feature.NODE_COMMANDS,
+            base.Feature.KV_STORE,
         }
     )
     tenancy = base.Tenancy(
@@ -111,6 +113,8 @@ class KubeRayBackend(RayWorkloads):
         self.objects = Objects(api, request_timeout_s)
         self.addon_objects = AddonObjects(self.objects)
         self.podexec = PodExec(api.configuration)
+        self.kv = KvStores(self.objects)
+        self._kv_clusters: set[str] = set()  # clusters whose model deployments use the managed L2
         self._listener: Callable[[str], None] = lambda cluster_id: None
         self.clusters = Informer(
             PLURAL,
@@ -203,6 +207,9 @@ class KubeRayBackend(RayWorkloads):
                 self._call(f"delete RayCluster {spec.namespace}/{spec.name}", self._delete_raycluster, *where)
             self.tokens.delete(cluster_id, where)
             self.addon_objects.delete(cluster_id, spec)
+            self.kv.delete(cluster_id, *where)
+            with self._lock:
+                self._kv_clusters.discard(cluster_id)
             return
         desired = rendered(cluster_id, spec, kueue=self.kueue, node_addons=node_addons)
         schema = self._installed_schema()
@@ -339,7 +346,15 @@ class KubeRayBackend(RayWorkloads):
         return "the cluster's pods do not see raypod's filesystem: put the model in object storage (s3://...)"
 
     def kv_store(self, cluster_id: str, max_bytes: int) -> str:
-        raise errors.InvalidSpec("raypod runs no Redis on Kubernetes: give the KV cache an L2 address")
+        """A Valkey of the cluster's namespace (Deployment, Service, Secret, NetworkPolicy); the model deployments'
+        pods mount its URL file (``apply_rayservice``)."""
+        where = self._known.get(cluster_id) or self._find(cluster_id)
+        if where is None:
+            raise errors.TransientError("the cluster's RayCluster is not visible yet")
+        path = self.kv.ensure(cluster_id, where[0], where[1], max_bytes)
+        with self._lock:
+            self._kv_clusters.add(cluster_id)
+        return path
 
     def release(self, cluster_id: str) -> None:
         with self._lock:
@@ -349,6 +364,7 @@ class KubeRayBackend(RayWorkloads):
             self._call(f"delete RayCluster {where[0]}/{where[1]}", self._delete_raycluster, *where)
         if where is not None:
             self.tokens.delete(cluster_id, where)
+            self.kv.delete(cluster_id, *where)
 
     def dashboard_headers(self, cluster_id: str) -> dict[str, str]:
         """The cluster's Ray token in ``X-Ray-Authorization`` (Ray's header for requests through a proxy), and,

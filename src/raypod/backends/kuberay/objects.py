@@ -30,6 +30,12 @@ _KINDS: dict[str, tuple[type, str]] = {
 }
 
 
+def manifest(kind: str, namespace: str, name: str, **body: Any) -> dict[str, Any]:
+    """A new object of one of the kinds raypod keeps (``body``: its fields beside metadata)."""
+    api_version = {"Deployment": "apps/v1", "NetworkPolicy": "networking.k8s.io/v1"}.get(kind, "v1")
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": namespace}, **body}
+
+
 class Objects:
     def __init__(self, api: client.ApiClient, request_timeout_s: float) -> None:
         self._apis = {kind: (cls(api), suffix) for kind, (cls, suffix) in _KINDS.items()}

@@ -13,7 +13,7 @@ from typing import Any
 from raypod import addons, errors
 from raypod import spec as spec_mod
 from raypod.backends.kuberay import addons as pod_addons
-from raypod.backends.kuberay.objects import Objects
+from raypod.backends.kuberay.objects import Objects, manifest
 
 FILES_REQUEST = "10Gi"  # a workspace's claim: the size asked of the cluster's default StorageClass
 
@@ -43,13 +43,13 @@ class AddonObjects:
         name = pod_addons.files_configmap(cluster)
         if wanted["files"]:
             binary = {key: base64.b64encode(data).decode() for key, data in wanted["files"].items()}
-            self.objects.ensure(_object("ConfigMap", namespace, name, binaryData=binary), cluster_id)
+            self.objects.ensure(manifest("ConfigMap", namespace, name, binaryData=binary), cluster_id)
         else:
             self.objects.delete("ConfigMap", namespace, name, cluster_id)
         if wanted["tokens"] or wanted["secrets"]:
             self._ensure_secret(cluster_id, namespace, cluster, wanted["tokens"], wanted["secrets"])
         for path in wanted["binds"]:
-            claim = _object(
+            claim = manifest(
                 "PersistentVolumeClaim",
                 namespace,
                 pod_addons.claim_name(path),
@@ -63,7 +63,7 @@ class AddonObjects:
             for port in pod_addons.sidecar_ports(found)
         ]
         for endpoint in endpoints:
-            service = _object(
+            service = manifest(
                 "Service",
                 namespace,
                 endpoint.service,
@@ -133,17 +133,12 @@ class AddonObjects:
         made = {key: secrets.token_urlsafe(32) for key in sorted(tokens)}
         data = {key: base64.b64encode(value.encode()).decode() for key, value in {**made, **given}.items()}
         made = self.objects.ensure(
-            _object("Secret", namespace, pod_addons.sidecar_secret(cluster), type="Opaque", data=data),
+            manifest("Secret", namespace, pod_addons.sidecar_secret(cluster), type="Opaque", data=data),
             cluster_id,
             keep=keep,
         )
         with self._lock:
             self._tokens[cluster_id] = _decoded(made)
-
-
-def _object(kind: str, namespace: str, name: str, **body: Any) -> dict[str, Any]:
-    api_version = {"Deployment": "apps/v1", "NetworkPolicy": "networking.k8s.io/v1"}.get(kind, "v1")
-    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": namespace}, **body}
 
 
 def _decoded(secret: dict[str, Any] | None) -> dict[str, str]:

@@ -4,13 +4,14 @@ deployment as its own ``RayService``, followed through the backend's informers."
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 from kubernetes import client
 
 from raypod import errors
 from raypod.backends import base
-from raypod.backends.kuberay import manifests
+from raypod.backends.kuberay import kvstore, manifests
 from raypod.backends.kuberay.informer import Informer
 from raypod.backends.kuberay.objects import merge_patch
 from raypod.backends.kuberay.tokens import UID_LABEL
@@ -27,6 +28,8 @@ class RayWorkloads:
     _timeout: float
     rayjobs: Informer
     rayservices: Informer
+    _lock: threading.Lock
+    _kv_clusters: set[str]
 
     def _call(self, doing: str, call: Any, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
@@ -78,6 +81,10 @@ class RayWorkloads:
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
         manifest = json.loads(json.dumps(manifest))
         manifest["metadata"]["labels"][UID_LABEL] = cluster_id
+        with self._lock:
+            uses_kv = cluster_id in self._kv_clusters
+        if uses_kv:
+            kvstore.mount(manifest, manifest["metadata"]["labels"]["raypod.io/cluster"])
         if not self.rayservices.synced:
             raise errors.TransientError(f"RayServices are not visible yet: {self.rayservices.error or 'listing'}")
         current = self.rayservices.get(namespace, name)
