@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from raypod import errors, state
+from raypod import config, errors, state
 from raypod import spec as spec_mod
 from raypod.backends.kuberay import manifests
 from raypod.cli import output
@@ -84,7 +84,7 @@ def create(
     """Create a cluster; by default wait, with progress, until every node runs."""
     spec = build_spec(name, namespace, file, workers, worker_cpus, worker_memory, head_cpus, group)
     if dry_run:
-        output.emit_data(manifests.raycluster(spec), Format.JSON if fmt is Format.JSON else Format.YAML)
+        output.emit_data(_manifest(spec), Format.JSON if fmt is Format.JSON else Format.YAML)
         return
     api = client()
     view = api.clusters.create(spec)
@@ -179,3 +179,12 @@ def _mapping(value: object) -> dict[str, object]:
 
 def _list(value: object) -> list[object]:
     return list(value) if isinstance(value, list) else []
+
+
+def _manifest(spec: spec_mod.ClusterSpec) -> dict[str, Any]:
+    """The RayCluster with its pods' add-ons (the hangwatch agent, workspaces' IDEs) as the server renders them;
+    the server adds the agents' credential (a Secret) when it applies it."""
+    from raypod.controlplane.addons import NodeAddonMaker
+
+    maker = NodeAddonMaker(config.default_home())
+    return manifests.raycluster(spec, node_addons=lambda node: maker("dry-run", node))

@@ -151,7 +151,7 @@ class Reconciler:
             try:
                 # A queued cluster has no object on the backend: KubeRay would start its pods.
                 self.backend.apply(
-                    view.uid, view.spec, deleting=view.deleting or view.queued, node_addons=self._addons_of(view.uid)
+                    view.uid, view.spec, deleting=view.deleting or view.queued, node_addons=self.addons_of(view.uid)
                 )
             except errors.RaypodError as exc:  # observed all the same: what cannot be seen shows as unknown
                 self._record(view, state.EventType.WARNING, "FailedToApply", exc.message[:2000], None)
@@ -233,7 +233,8 @@ class Reconciler:
             self._quiet[view.uid] = (view.generation, observed, time.monotonic() + QUIET_RECHECK_S)
         return is_settled
 
-    def _addons_of(self, cluster_id: str) -> Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None:
+    def addons_of(self, cluster_id: str) -> Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None:
+        """What the capabilities add to each node of the cluster, as the backend is given it."""
         return functools.partial(self.node_addons, cluster_id) if self.node_addons is not None else None
 
     def _with_addons(self, cluster_id: str, planned: list[actions.Action]) -> list[actions.Action]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import raypod
 from raypod import backends, config, state
 from raypod.backends import base
+from raypod.backends.kuberay import manifests
 from raypod.controlplane import addons as node_addons
 from raypod.controlplane import loop, plan
 from raypod.controlplane.clusters import ClusterService
@@ -113,6 +115,10 @@ class ControlPlane:
             tenancy=self.backend.tenancy.summary,
             isolated=self.backend.tenancy.isolated,
         )
+
+    def manifest(self, view: state.ClusterView) -> dict[str, Any]:
+        """The RayCluster that runs the cluster on Kubernetes, with what the capabilities add to its pods."""
+        return manifests.raycluster(view.spec, node_addons=self.reconciler.addons_of(view.uid))
 
     def start(self) -> None:
         """The loops: the reconciler, the job supervisor, the serving applier and the hang collector."""

@@ -157,3 +157,62 @@ def test_a_rayservice_name_stays_short_enough_for_kuberays_derived_names() -> No
     name = manifests.rayservice_name(long_cluster, long_app)
     assert len(name) <= 40 and name != manifests.rayservice_name(long_cluster, "a" * 39)
     assert len(f"{name}-abcde-head-svc") <= 63
+
+
+def test_a_manifest_with_every_add_on_validates_and_reads_back_to_its_spec(
+    raycluster_schema: dict[str, Any], tmp_path: Path
+) -> None:
+    """Hang detection's agent (with its report credential), a workspace's IDE and health checks, as the server
+    applies them: valid for KubeRay 1.7, no field it would drop, and read back to the same spec."""
+    from raypod.controlplane.addons import NodeAddonMaker
+    from raypod.controlplane.hangwatch import AgentReports
+
+    spec = spec_mod.parse_spec(
+        {
+            "name": "full",
+            "owner": "ana",
+            "env": {"RAY_TRAIN_CALLBACKS": "my.Callback"},
+            "worker_groups": [{"name": "cpu", "replicas": 2}],
+            "health_checks": [{"name": "disk", "command": "test -w /tmp"}],
+            "spaces": [{"name": "nb", "owner": "ana"}, {"name": "ed", "owner": "ana", "kind": "code-editor"}],
+        }
+    )
+    maker = NodeAddonMaker(tmp_path, AgentReports(tmp_path), "https://raypod.example", b"a CA")
+    manifest = manifests.raycluster(spec, node_addons=lambda node: maker("uid-1", node))
+    jsonschema.validate(manifest["spec"], raycluster_schema["properties"]["spec"])
+    assert manifests.unknown_fields(manifest["spec"], raycluster_schema["properties"]["spec"]) == []
+    cpu = next(g for g in manifest["spec"]["workerGroupSpecs"] if g["groupName"] == "cpu")
+    ray_env = {e["name"]: e.get("value") for e in cpu["template"]["spec"]["containers"][0]["env"]}
+    assert ray_env["RAY_TRAIN_CALLBACKS"].startswith("my.Callback,"), "the user's callbacks stay, the agent's join"
+    assert manifests.spec_from_raycluster(manifest) == spec, "reading it back loses what raypod added, nothing else"
+
+
+def test_the_objects_beside_a_raycluster_are_valid_kubernetes_objects(tmp_path: Path) -> None:
+    """What AddonObjects and KvStores write, read back through the Kubernetes client's typed models."""
+    from kubernetes import client
+
+    from raypod.backends.kuberay import kvstore
+    from raypod.backends.kuberay.sidecars import AddonObjects
+    from raypod.controlplane.addons import NodeAddonMaker
+
+    written: list[dict[str, Any]] = []
+
+    class Recording:
+        def ensure(self, manifest: dict[str, Any], owner: str | None, **_: Any) -> dict[str, Any]:
+            written.append(manifest)
+            return manifest
+
+        def delete(self, *args: Any) -> None:
+            pass
+
+    spec = spec_mod.parse_spec({"name": "full", "owner": "ana", "spaces": [{"name": "nb", "owner": "ana"}]})
+    maker = NodeAddonMaker(tmp_path)
+    per_group = {group: maker("uid-1", node) for group, node in spec.group_nodes().items()}
+    AddonObjects(Recording()).apply("uid-1", spec, per_group)  # type: ignore[arg-type]
+    kvstore.KvStores(Recording()).ensure("uid-1", "default", "full", 2**30)  # type: ignore[arg-type]
+    api = client.ApiClient()
+    kinds = {doc["kind"] for doc in written}
+    assert kinds == {"ConfigMap", "Secret", "PersistentVolumeClaim", "Service", "Deployment", "NetworkPolicy"}
+    for doc in written:
+        model = api._ApiClient__deserialize(doc, f"V1{doc['kind']}")  # type: ignore[attr-defined]
+        assert api.sanitize_for_serialization(model) == doc, f"{doc['kind']}: a field Kubernetes does not know"

@@ -54,7 +54,18 @@ RBAC_RULES = (
     {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["list", "watch", "create", "delete"]},
     {"apiGroups": ["ray.io"], "resources": ["rayservices"], "verbs": ["list", "watch", "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "delete"]},
-    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "delete"]},  # each cluster's Ray token
+    {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]},  # user health checks in the Ray container
+    # Each cluster's Ray token; its sidecars' tokens and credentials; the managed L2's password.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "patch", "delete"]},
+    # Node add-ons (objects.py): their files, a workspace's IDE Service and files' claim, the managed L2.
+    {"apiGroups": [""], "resources": ["configmaps", "services"], "verbs": ["get", "create", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "create", "patch", "delete"]},
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "patch", "delete"]},
+    {
+        "apiGroups": ["networking.k8s.io"],
+        "resources": ["networkpolicies"],
+        "verbs": ["get", "create", "patch", "delete"],
+    },
 )
 # Cluster-scoped, so always in a ClusterRole: reading KubeRay's installed CRD tells which spec fields it serves.
 CRD_RULE = {

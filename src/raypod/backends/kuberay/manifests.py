@@ -72,6 +72,9 @@ def raycluster(
     # Ray's token authentication on every Ray port (KubeRay >= 1.5.1 sets RAY_AUTH_MODE and RAY_AUTH_TOKEN in each
     # container). The Secret is raypod's own, so that its gateway can present the token.
     body["authOptions"] = {"mode": "token", "secretName": auth_secret_name(spec.name)}
+    if spec.health_checks:
+        checks = [check.model_dump(mode="json", exclude_defaults=True) for check in spec.health_checks]
+        metadata.setdefault("annotations", {})[_HEALTH_CHECKS_ANNOTATION] = json.dumps(checks, sort_keys=True)
     if spec.spaces:
         spaces = [space.model_dump(mode="json", exclude_defaults=True) for space in spec.spaces]
         metadata.setdefault("annotations", {})[_SPACES_ANNOTATION] = json.dumps(spaces, sort_keys=True)
@@ -223,8 +226,16 @@ _RUNTIME_ENV_ANNOTATION = "raypod.io/default-runtime-env"
 _HANGWATCH_ANNOTATION = "raypod.io/hangwatch"
 _PRIORITY_ANNOTATION = "raypod.io/priority"
 _SPACES_ANNOTATION = "raypod.io/spaces"  # the workspaces, whose worker groups raypod renders from them
+_HEALTH_CHECKS_ANNOTATION = "raypod.io/health-checks"  # run in the Ray container by raypod (pods/exec)
 _ANNOTATIONS = frozenset(
-    {_OWNER_ANNOTATION, _RUNTIME_ENV_ANNOTATION, _HANGWATCH_ANNOTATION, _PRIORITY_ANNOTATION, _SPACES_ANNOTATION}
+    {
+        _OWNER_ANNOTATION,
+        _RUNTIME_ENV_ANNOTATION,
+        _HANGWATCH_ANNOTATION,
+        _PRIORITY_ANNOTATION,
+        _SPACES_ANNOTATION,
+        _HEALTH_CHECKS_ANNOTATION,
+    }
 )
 _MANAGED_LABELS = frozenset({"app.kubernetes.io/managed-by", *kueue_labels("normal")})
 
@@ -265,6 +276,7 @@ def spec_from_raycluster(manifest: Any) -> spec_mod.ClusterSpec:
         (_RUNTIME_ENV_ANNOTATION, "runtime_env"),
         (_HANGWATCH_ANNOTATION, "hangwatch"),
         (_SPACES_ANNOTATION, "spaces"),
+        (_HEALTH_CHECKS_ANNOTATION, "health_checks"),
     ):
         if annotation in annotations:
             try:

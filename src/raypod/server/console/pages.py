@@ -204,7 +204,7 @@ def cluster_page(request: Request, namespace: NamePath, name: NamePath) -> Respo
         events=list(reversed(events)),
         jobs=list(reversed(cluster_jobs)),
         snippets=views.snippets(view),
-        manifest=yaml.safe_dump(manifests.raycluster(view.spec), sort_keys=False),
+        manifest=yaml.safe_dump(_plane(request).manifest(view), sort_keys=False),
         phase="Deleting" if view.deleting else view.status.phase.value,
         now=store.now(),
         age=views.age,

@@ -9,9 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from raypod import spec as spec_mod
 from raypod import state
-from raypod.backends.kuberay import manifests
 from raypod.controlplane import store
 from raypod.controlplane.clusters import ClusterService
+from raypod.controlplane.plane import ControlPlane
 from raypod.server.auth import Caller
 from raypod.server.routes import part
 
@@ -28,6 +28,7 @@ class ScaleRequest(BaseModel):
 
 
 Service = Annotated[ClusterService, part("clusters")]
+Plane = Annotated[ControlPlane, part("control_plane")]
 
 
 # A page's continue token: the last item's "namespace/name" (both DNS labels, so the slash is unambiguous).
@@ -98,9 +99,10 @@ def cluster_events(
 
 
 @router.get("/namespaces/{namespace}/clusters/{name}/manifest")
-def cluster_manifest(caller: Caller, namespace: NamePath, name: NamePath, svc: Service) -> dict[str, Any]:
-    """The KubeRay RayCluster that would run this cluster on Kubernetes."""
-    return manifests.raycluster(svc.get(caller, namespace, name).spec)
+def cluster_manifest(caller: Caller, namespace: NamePath, name: NamePath, svc: Service, plane: Plane) -> dict[str, Any]:
+    """The KubeRay RayCluster that would run this cluster on Kubernetes, with its pods' add-ons (the hangwatch
+    agent, a workspace's IDE)."""
+    return plane.manifest(svc.get(caller, namespace, name))
 
 
 @router.get("/events")
