@@ -298,3 +298,34 @@ def test_the_managed_l2_is_a_password_protected_valkey_only_the_clusters_serving
         ),
         "the store's Secret deleted with its cluster",
     )
+
+
+def test_an_api_server_outage_in_the_middle_of_a_workspace_start_loses_nothing_and_does_nothing_twice(
+    emulator: Emulator, api: TestClient
+) -> None:
+    api.post("/api/v1/clusters", json=SPEC.model_dump(mode="json")).raise_for_status()
+    until(emulator.rayclusters, "the RayCluster")
+    kuberay_starts(emulator)
+    until(lambda: api.get("/api/v1/namespaces/default/clusters/demo").json()["status"]["phase"] == "Ready", "Ready")
+    emulator.relay.cut()
+    created = api.post("/api/v1/namespaces/default/spaces", json={"name": "nb", "cluster": "demo"})
+    assert created.status_code == 201, "the request is stored: the loop applies it when it can"
+    until(
+        lambda: any(
+            e["reason"] == "FailedToApply" for e in api.get("/api/v1/namespaces/default/clusters/demo/events").json()
+        ),
+        "the apply failing during the outage",
+    )
+    assert group(emulator, "space-nb") is None
+    emulator.relay.restore()
+    until(lambda: group(emulator, "space-nb"), "the workspace's group once the API server is back")
+    for _ in range(20):  # more passes change nothing: each object exists once
+        time.sleep(0.05)
+    services = [s.metadata.name for s in emulator.core.list_namespaced_service("default").items]
+    assert services.count("demo-space-nb") == 1
+    assert len(claims(emulator)) == 1
+    workers = [g["groupName"] for g in raycluster(emulator)["spec"]["workerGroupSpecs"]]
+    assert workers == ["w", "space-nb"]
+    for kind in ("persistentvolumeclaims", "services"):
+        creates = [r for r in emulator.handler["post"] if f"/{kind}'" in str(r) or f"/{kind}" in str(r)]
+        assert len(creates) == 1, (kind, creates)
