@@ -86,6 +86,7 @@ class ControlPlane:
         side_interval_s = min(settings.reconcile_interval_s, 1.0)
         supervisor = JobSupervisor(job_service, interval_s=side_interval_s)
         job_service.wake = supervisor.wake
+        job_service.addons_of = reconciler.addons_of
         serving = ServingService(clusters, ModelCatalog(db, settings.outbound))
         applier = ServingApplier(serving, interval_s=side_interval_s)
         serving.wake = serving.models.wake = applier.wake

@@ -379,8 +379,14 @@ def test_a_job_as_a_rayjob_through_the_api_is_followed_to_its_end(
         [rayjob] = rayjobs()
         assert rayjob["metadata"]["name"] == job["id"]
         assert rayjob["spec"]["backoffLimit"] == 3 and rayjob["spec"]["shutdownAfterJobFinishes"] is True
-        shaped = {**manifests.raycluster(SPEC)["spec"], "authOptions": {"mode": "token"}}
+        uid = api.get("/api/v1/namespaces/default/clusters/demo").json()["uid"]
+        plane = api.app.state.control_plane  # type: ignore[attr-defined]
+        shaped = {**plane.manifest(plane.store.by_uid(uid))["spec"], "authOptions": {"mode": "token"}}
         assert rayjob["spec"]["rayClusterSpec"] == shaped, "shaped as the named cluster, with a token of its own"
+        pods = [g["template"]["spec"] for g in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]]
+        assert all("raypod-hangwatch-agent" in [c["name"] for c in pod["containers"]] for pod in pods), (
+            "hang detection follows a job run as a RayJob"
+        )
 
         def status_of() -> str:
             return str(api.get(f"/api/v1/jobs/{job['id']}").json()["status"])

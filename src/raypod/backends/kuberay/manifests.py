@@ -421,11 +421,13 @@ def rayjob(
     shutdown_after_finish: bool,
     metadata: dict[str, str],
     kueue: bool = False,
+    node_addons: NodeAddons | None = None,
 ) -> dict[str, Any]:
-    """The ``RayJob`` that runs one job on a cluster of its own, shaped as ``spec``: KubeRay starts the cluster,
-    submits the entrypoint, retries a failed job ``backoffLimit`` times (each on a new cluster) and, with
-    ``shutdownAfterJobFinishes``, deletes the cluster when the job ends."""
-    cluster = raycluster(spec, kueue=kueue)
+    """The ``RayJob`` that runs one job on a cluster of its own, shaped as ``spec`` (its workspaces aside; with
+    its nodes' add-ons, so hang detection follows the job): KubeRay starts the cluster, submits the entrypoint,
+    retries a failed job ``backoffLimit`` times (each on a new cluster) and, with ``shutdownAfterJobFinishes``,
+    deletes the cluster when the job ends."""
+    cluster = raycluster(spec.model_copy(update={"spaces": []}), kueue=kueue, node_addons=node_addons)
     # Its own token, which KubeRay makes and hands to the submitter: raypod never calls this cluster itself.
     cluster["spec"]["authOptions"] = {"mode": "token"}
     body: dict[str, Any] = {
@@ -470,7 +472,7 @@ def rayservice(
     """The ``RayService`` that serves one model application (``app``) on a cluster of its own shaped as ``spec``:
     KubeRay starts the cluster, applies the Serve config (raypod's application builder with ``builder_args``),
     routes ``<name>-serve-svc`` to the ready replicas, and upgrades without downtime when the config changes."""
-    cluster = raycluster(spec, kueue=kueue)
+    cluster = raycluster(spec.model_copy(update={"spaces": []}), kueue=kueue)
     # A token of its own, which KubeRay makes and uses for the cluster's dashboard: raypod reads Serve's status
     # from the RayService, never from that dashboard.
     cluster["spec"]["authOptions"] = {"mode": "token"}

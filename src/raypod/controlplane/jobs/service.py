@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO, cast
 
-from raypod import errors, state
+from raypod import addons, errors, state
 from raypod import spec as spec_mod
 from raypod.backends import base, ray_jobs
 from raypod.backends.kuberay import manifests
@@ -32,6 +32,9 @@ class JobService:
         self.packages_dir = packages_dir
         # Starts the supervisor's next pass at once; the control plane sets it to the supervisor's own.
         self.wake: Callable[[], None] = lambda: None
+        # What the capabilities add to a cluster's nodes (a RayJob's cluster gets the same); the control plane sets
+        # it to the reconciler's.
+        self.addons_of: Callable[[str], Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None] = lambda uid: None
 
     def submit(self, caller: identity.Principal, namespace: str, cluster: str, spec: spec_mod.JobSpec) -> state.JobView:
         """Store the job as PENDING; the supervisor submits it to Ray (its first attempt) on its next pass, which
@@ -93,6 +96,7 @@ class JobService:
             shutdown_after_finish=not job.spec.keep_cluster,
             metadata={**job.spec.metadata, "raypod_job": job.id, "raypod_owner": job.owner},
             kueue=runner.kueue,
+            node_addons=self.addons_of(view.uid),
         )
         runner.submit_rayjob(manifest)
         job.attempts.append(state.Attempt(submission_id=job.id, submitted_at=store.now()))

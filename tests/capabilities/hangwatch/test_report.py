@@ -1,0 +1,79 @@
+"""An agent in a pod reports over HTTP: what it writes reaches the control plane once the control plane answers,
+and each of the control plane's requests (a hang to cancel) reaches the agent once, across an outage between
+the two. The server in-process (FastAPI's TestClient is an httpx.Client); the outage a port nobody listens on."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from raypod import config, untrusted_files
+from raypod.backends import base
+from raypod.backends.fake import FakeBackend
+from raypod.capabilities.hangwatch import layout
+from raypod.capabilities.hangwatch.report import Reporter
+from raypod.server.app import create_app
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[TestClient]:
+    pods = FakeBackend(features=frozenset({base.Feature.HANGWATCH}))  # no directory shared with the server
+    settings = config.Settings(home=tmp_path / "home", reconcile_interval_s=0.05, tls=False)
+    with TestClient(create_app(settings, backend=pods), raise_server_exceptions=False) as client:
+        token = json.loads((tmp_path / "home" / "credentials").read_text())["token"]
+        client.post("/api/v1/clusters", json={"name": "hw"}, headers={"Authorization": f"Bearer {token}"})
+        yield client
+
+
+def uid(api: TestClient) -> str:
+    """The cluster's: the reports of clusters that are gone are forgotten."""
+    found: str = api.app.state.control_plane.store.get("default", "hw").uid  # type: ignore[attr-defined]
+    return found
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_requests_and_detections_cross_an_outage_once_each(api: TestClient, tmp_path: Path) -> None:
+    reports = api.app.state.control_plane.hangs.reports  # type: ignore[attr-defined]
+    token = reports.token(uid(api))
+    reporter = Reporter(tmp_path / "agent", "/api/v1/hangwatch/agents/pod-a", token)
+    reporter._client = api
+    mirror = reports.root / uid(api) / "pod-a"
+
+    assert reporter.report() == 0
+    untrusted_files.write_json(mirror, "requests/hang-1.json", {"run_id": "r", "action": "cancel"})
+    assert reporter.report() == 1 and reporter.report() == 0, "a request is handed over once"
+    assert layout.read_json(tmp_path / "agent" / "requests" / "hang-1.json") == {"run_id": "r", "action": "cancel"}
+
+    untrusted_files.write_json(mirror, "requests/hang-2.json", {"run_id": "r", "action": "fail-job"})
+    layout.write_json(layout.detections_dir(reporter.root) / "d.json", {"run_id": "r", "kind": "hang"})
+    reporter._client = httpx.Client(base_url=f"http://127.0.0.1:{closed_port()}", timeout=1)  # the outage
+    assert reporter.report() == 0
+    assert (mirror / "requests" / "hang-2.json").exists(), "a request the agent did not get waits for it"
+    assert not (mirror / "detections" / "d.json").exists()
+    reporter._client = api
+    assert reporter.report() == 1 and reporter.report() == 0
+    assert json.loads((mirror / "detections" / "d.json").read_text()) == {"run_id": "r", "kind": "hang"}
+
+
+def test_a_clusters_credential_reports_for_that_cluster_only(api: TestClient) -> None:
+    reports = api.app.state.control_plane.hangs.reports  # type: ignore[attr-defined]
+    theirs = reports.token(uid(api))
+    answer = api.post(
+        "/api/v1/hangwatch/agents/pod-a",
+        json={"status": {"time": 1}},
+        headers={"Authorization": f"Bearer {theirs}"},
+    )
+    assert answer.status_code == 200
+    assert set(reports.dirs(uid(api))) == {"pod-a"} and reports.dirs("another-uid") == {}
+    assert (reports.root.parent / "hangwatch-agent.key").stat().st_mode & 0o777 == 0o600
