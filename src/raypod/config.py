@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from raypod import errors
 from raypod import outbound as outbound_mod
@@ -59,6 +60,19 @@ def write_credentials(path: Path, server_url: str, token: str, ca_file: Path | N
 
 def default_server_url() -> str:
     return os.environ.get("RAYPOD_SERVER") or read_credentials().get("server") or f"https://127.0.0.1:{DEFAULT_PORT}"
+
+
+def _json_env(name: str) -> dict[str, Any]:
+    raw = os.environ.get(name)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise errors.InvalidSpec(f"{name} is not JSON: {raw[:100]}") from None
+    if not isinstance(value, dict):
+        raise errors.InvalidSpec(f"{name} is a JSON object of fsspec options")
+    return value
 
 
 def _float_env(name: str, default: float) -> float:
@@ -183,6 +197,11 @@ class Settings:
     # Where nodes reach the server (a pod's agent reports there; RAYPOD_NODE_URL): the in-cluster Service on
     # Kubernetes. Unset: ``public_url``.
     node_url: str | None = None
+    # Object storage (an fsspec URL, RAYPOD_MODEL_STAGING_URL; its options as JSON without secrets in
+    # RAYPOD_MODEL_STAGING_OPTIONS) where a model read from the server's own disk is copied for nodes that cannot
+    # read that disk (Kubernetes' pods). Unset: such a model is refused on those clusters.
+    model_staging_url: str | None = None
+    model_staging_options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -213,6 +232,8 @@ class Settings:
             "pool_gpus": _optional_int(_optional_float_env("RAYPOD_POOL_GPUS")),
             "kueue": _choice_env("RAYPOD_KUEUE", ("0", "1"), "0") == "1",
             "node_url": os.environ.get("RAYPOD_NODE_URL") or None,
+            "model_staging_url": os.environ.get("RAYPOD_MODEL_STAGING_URL") or None,
+            "model_staging_options": _json_env("RAYPOD_MODEL_STAGING_OPTIONS"),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

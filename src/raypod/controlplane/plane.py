@@ -87,7 +87,12 @@ class ControlPlane:
         supervisor = JobSupervisor(job_service, interval_s=side_interval_s)
         job_service.wake = supervisor.wake
         job_service.addons_of = reconciler.addons_of
-        serving = ServingService(clusters, ModelCatalog(db, settings.outbound))
+        serving = ServingService(
+            clusters,
+            ModelCatalog(db, settings.outbound),
+            settings.model_staging_url,
+            settings.model_staging_options,
+        )
         applier = ServingApplier(serving, interval_s=side_interval_s)
         serving.wake = serving.models.wake = applier.wake
         return cls(

@@ -169,9 +169,18 @@ class ModelCatalog:
 
 
 class ServingService:
-    def __init__(self, clusters: ClusterService, models: ModelCatalog) -> None:
+    def __init__(
+        self,
+        clusters: ClusterService,
+        models: ModelCatalog,
+        staging_url: str | None = None,
+        staging_options: dict[str, Any] | None = None,
+    ) -> None:
         self.clusters = clusters
         self.models = models
+        # Object storage for models on the server's disk that a cluster's nodes cannot read (Settings).
+        self.staging_url = staging_url
+        self.staging_options = staging_options or {}
         self.records = DeploymentStore(clusters.store.engine)
         # Starts the applier's next pass at once; the control plane sets it to the applier's own.
         self.wake: Callable[[], None] = lambda: None
@@ -180,7 +189,7 @@ class ServingService:
         """What would refuse deploying ``entry`` on any cluster: a directory that sandboxed nodes do not see."""
         local_path = catalog.local_path(entry.source)
         hidden = local_path and self.clusters.backend.hidden_from_nodes("", local_path)
-        if not hidden:
+        if not hidden or self.staging_url:
             return []
         return [
             f"the clusters' nodes cannot read {local_path} ({hidden}): a deploy of {entry.id} will be refused; "
@@ -284,7 +293,7 @@ class ServingService:
             catalog.verify(entry)
         except catalog.CatalogError as exc:
             raise errors.InvalidSpec(f"cannot deploy: {exc}") from None
-        self._check_visible(view, entry, view.spec.name)
+        entry = self._visible(view, entry, view.spec.name)
         settings = ServeSettings(
             entry=entry,
             kv_cache=spec.kv_cache,
@@ -327,14 +336,30 @@ class ServingService:
             self._api(view)
             _port(view.status.endpoints.get("serve"))
 
-    def _check_visible(self, view: state.ClusterView, entry: catalog.ModelEntry, cluster: str) -> None:
+    def _visible(self, view: state.ClusterView, entry: catalog.ModelEntry, cluster: str) -> catalog.ModelEntry:
+        """``entry`` as the cluster's nodes can read it: where they cannot read the server's directory, a copy in
+        the staging object store (made by the serving applier: minutes for a large model), else a refusal."""
+        if not self._check_visible(view, entry, cluster):
+            return entry
+        try:
+            return catalog.copy_to_store(entry, str(self.staging_url), self.staging_options)
+        except catalog.CatalogError as exc:
+            raise errors.TransientError(str(exc)) from None
+
+    def _check_visible(self, view: state.ClusterView, entry: catalog.ModelEntry, cluster: str) -> bool:
+        """Whether ``entry`` needs a copy in the staging store. Raises InvalidSpec where it needs one and there is
+        no staging store."""
         local_path = catalog.local_path(entry.source)
         hidden = local_path and self.clusters.backend.hidden_from_nodes(view.uid, local_path)
-        if hidden:
-            raise errors.InvalidSpec(
-                f"cannot deploy: model {entry.id} is read from {local_path}, which the nodes of cluster {cluster} "
-                f"cannot read ({hidden}): add it from another directory, or from S3"
-            )
+        if not hidden:
+            return False
+        if self.staging_url:
+            return True
+        raise errors.InvalidSpec(
+            f"cannot deploy: model {entry.id} is read from {local_path}, which the nodes of cluster {cluster} "
+            f"cannot read ({hidden}): add it from another directory or from S3, or have the server copy it to "
+            "object storage (RAYPOD_MODEL_STAGING_URL)"
+        )
 
     # -- internals ---------------------------------------------------------------------------------------
 

@@ -329,3 +329,38 @@ def test_an_api_server_outage_in_the_middle_of_a_workspace_start_loses_nothing_a
     for kind in ("persistentvolumeclaims", "services"):
         creates = [r for r in emulator.handler["post"] if f"/{kind}'" in str(r) or f"/{kind}" in str(r)]
         assert len(creates) == 1, (kind, creates)
+
+
+def test_a_model_on_the_servers_disk_is_staged_into_object_storage_for_the_pods(
+    tmp_path: Path, emulator: Emulator, backend: kuberay.KubeRayBackend
+) -> None:
+    import fsspec
+    import yaml
+
+    from raypod.serving.testing import build_llama
+    from tests.server.conftest import add_model
+
+    model = build_llama(tmp_path / "tiny", "tiny", max_context=512)
+    settings = config.Settings(
+        home=tmp_path / "home", reconcile_interval_s=0.05, tls=False, model_staging_url="memory://staged"
+    )
+    with TestClient(create_app(settings, backend=backend), raise_server_exceptions=False) as api:
+        token = json.loads((tmp_path / "home" / "credentials").read_text())["token"]
+        api.headers["Authorization"] = f"Bearer {token}"
+        added = add_model(api, {}, {"id": "tiny", "source": str(model)})
+        assert added["status"] == "ADDED" and added["entry"]["warnings"] == [], "staged, so no warning"
+        spec = {**SPEC.model_dump(mode="json"), "head": {"cpus": 1, "memory": "2Gi"}}
+        api.post("/api/v1/clusters", json=spec).raise_for_status()
+        url = "/api/v1/namespaces/default/clusters/demo/deployments"
+        assert api.post(url, json={"model": "tiny", "name": "chat", "l2": "none"}).status_code == 202
+
+        def rayservice() -> Any:
+            found = emulator.custom.list_namespaced_custom_object("ray.io", "v1", "default", "rayservices")["items"]
+            return found[0] if found else None
+
+        [app] = yaml.safe_load(until(rayservice, "the RayService")["spec"]["serveConfigV2"])["applications"]
+        source = app["args"]["settings"]["entry"]["source"]
+        assert source.startswith("memory://staged/tiny/"), source
+        staged = fsspec.filesystem("memory")
+        names = sorted(path.rsplit("/", 1)[1] for path in staged.find(source.removeprefix("memory://")))
+        assert names == sorted(path.name for path in model.iterdir())
