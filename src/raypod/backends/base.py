@@ -18,6 +18,9 @@ from raypod import spec as spec_mod
 from raypod.backends import ray_jobs
 from raypod.backends.commands import CommandResult
 
+# What the capabilities add to each node of a cluster (the reconciler's add-on maker, bound to the cluster).
+NodeAddonsOf = Callable[[spec_mod.NodeSpec], addons.NodeAddons]
+
 
 class Feature(StrEnum):
     GPUS = "gpus"
@@ -65,12 +68,7 @@ class Backend(Protocol):
     def capacity(self) -> HostCapacity: ...
 
     def apply(
-        self,
-        cluster_id: str,
-        spec: spec_mod.ClusterSpec,
-        *,
-        deleting: bool,
-        node_addons: Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None = None,
+        self, cluster_id: str, spec: spec_mod.ClusterSpec, *, deleting: bool, node_addons: NodeAddonsOf | None = None
     ) -> None:
         """DECLARATIVE backends: make the cluster object match ``spec`` (or delete it); cheap when nothing changed.
         ``node_addons`` says what the capabilities add to a node (rendered into each group's pod template).

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from raypod import addons, errors, state
+from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.backends import base, ray_jobs
 from raypod.backends.commands import CommandResult, run_command
@@ -72,7 +72,7 @@ class FakeBackend:
         spec: spec_mod.ClusterSpec,
         *,
         deleting: bool,
-        node_addons: Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None = None,
+        node_addons: base.NodeAddonsOf | None = None,
     ) -> None:
         """Nothing: not DECLARATIVE, nodes follow the planner's actions."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from raypod import config
 from raypod.backends.kuberay import addons as pod_addons
 from raypod.backends.kuberay import backend as kuberay
 from raypod.server.app import create_app
+from tests.server.test_hangwatch import wait_for as until
 
 from .conftest import Emulator
 from .test_backend import SPEC, kuberay_starts
@@ -39,16 +40,6 @@ def api(tmp_path: Path, backend: kuberay.KubeRayBackend) -> Iterator[TestClient]
         token = json.loads((tmp_path / "credentials").read_text())["token"]
         client.headers["Authorization"] = f"Bearer {token}"
         yield client
-
-
-def until(check: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"never happened: {what}")
 
 
 def raycluster(emulator: Emulator) -> dict[str, Any]:

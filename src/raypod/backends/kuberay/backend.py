@@ -23,7 +23,7 @@ from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from raypod import addons, errors, state
+from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.backends import base, ray_jobs
 from raypod.backends.commands import CommandResult
@@ -194,7 +194,7 @@ class KubeRayBackend(RayWorkloads):
         spec: spec_mod.ClusterSpec,
         *,
         deleting: bool,
-        node_addons: Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None = None,
+        node_addons: base.NodeAddonsOf | None = None,
     ) -> None:
         """Make the RayCluster match ``spec`` (one write when it differs, none otherwise), or delete it.
 
@@ -567,7 +567,7 @@ def rendered(
     spec: spec_mod.ClusterSpec,
     *,
     kueue: bool = False,
-    node_addons: Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None = None,
+    node_addons: base.NodeAddonsOf | None = None,
 ) -> dict[str, Any]:
     """The RayCluster raypod applies: the manifest the console shows, plus the cluster's uid and the manifest's
     digest (so an unchanged spec costs no write)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from raypod import addons, errors, state
+from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.backends import base, commands, ray_jobs
 from raypod.backends.local import launch, processes, sidecars
@@ -96,7 +96,7 @@ class LocalBackend:
         spec: spec_mod.ClusterSpec,
         *,
         deleting: bool,
-        node_addons: Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None = None,
+        node_addons: base.NodeAddonsOf | None = None,
     ) -> None:
         """Nothing: not DECLARATIVE, nodes follow the planner's actions."""
 
