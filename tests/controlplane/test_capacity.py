@@ -56,3 +56,12 @@ def test_fault_tolerance_needs_backend_support() -> None:
     with pytest.raises(errors.InvalidSpec, match="fault tolerance"):
         capacity.check_features(spec, frozenset())
     capacity.check_features(spec, frozenset({base.Feature.GCS_FAULT_TOLERANCE}))
+
+
+def test_autoscaling_is_refused_with_why_where_the_backend_does_not_scale_from_demand() -> None:
+    spec = spec_mod.parse_spec(
+        {"name": "elastic", "worker_groups": [{"name": "cpu", "max_replicas": 4}], "autoscaling": {}}
+    )
+    with pytest.raises(errors.InvalidSpec, match="does not scale from Ray's demand yet"):
+        capacity.check_features(spec, frozenset())
+    capacity.check_features(spec, frozenset({base.Feature.AUTOSCALING}))

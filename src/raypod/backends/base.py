@@ -39,6 +39,7 @@ class Feature(StrEnum):
     # a sidecar that reports is given the control plane's address and a credential of its cluster's.
     SHARED_ADDON_DIRS = "shared-addon-dirs"
     KV_STORE = "kv-store"  # kv_store runs a Redis for a cluster's KV cache (the managed L2 tier)
+    AUTOSCALING = "autoscaling"  # groups grow and shrink from Ray's demand (KubeRay's autoscaler)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,11 @@ def check_features(spec: spec_mod.ClusterSpec, features: frozenset[base.Feature]
         raise errors.InvalidSpec(
             "health_checks: this backend cannot run commands on nodes yet (on Kubernetes, use the pods' probes)"
         )
+    if spec.autoscaling is not None and base.Feature.AUTOSCALING not in features:
+        raise errors.InvalidSpec(
+            "autoscaling: this backend does not scale from Ray's demand yet (KubeRay does; docs/cluster-spec.md): "
+            "scale with `raypod cluster scale`, or leave autoscaling out"
+        )
     if spec.spaces and base.Feature.SPACES not in features:
         raise errors.InvalidSpec("spaces: workspaces are not available on this backend yet (docs/kubernetes.md)")
 

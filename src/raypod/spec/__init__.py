@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from raypod import errors
+from raypod.spec.autoscaling import AutoscalingSpec, Upscaling
 from raypod.spec.hangwatch import (
     HANG_METADATA,
     HANG_RULE_FIELDS,
@@ -227,6 +228,9 @@ class ClusterSpec(Strict):
     health_checks: list[HealthCheckSpec] = Field(default_factory=list, max_length=MAX_HEALTH_CHECKS)
     hangwatch: HangwatchSpec = Field(default_factory=HangwatchSpec)
     spaces: list[SpaceSpec] = Field(default_factory=list, max_length=MAX_SPACES, description="Workspaces.")
+    autoscaling: AutoscalingSpec | None = Field(
+        None, description="Scale the groups whose min_replicas < max_replicas from Ray's demand (KubeRay's autoscaler)."
+    )
     priority: str = Field(
         "normal",
         max_length=63,
@@ -282,6 +286,10 @@ class ClusterSpec(Strict):
         repeated = sorted({name for name in spaces if spaces.count(name) > 1})
         if repeated:
             raise ValueError(f"workspace names must be unique, repeated: {', '.join(repeated)}")
+        if self.autoscaling is not None and not any(
+            g.effective_min_replicas < g.effective_max_replicas for g in self.worker_groups
+        ):
+            raise ValueError("autoscaling: no worker group may grow or shrink (give one min_replicas < max_replicas)")
         return self
 
     def group_of(self, node: str) -> str:
@@ -453,6 +461,7 @@ __all__ = [
     "SPACE_GROUP",
     "SPACE_LABEL",
     "SPACE_OBJECT_STORE_BYTES",
+    "AutoscalingSpec",
     "ByteSize",
     "ClusterSpec",
     "Duration",
@@ -475,6 +484,7 @@ __all__ = [
     "SpaceSpec",
     "Strict",
     "Timeout",
+    "Upscaling",
     "WorkerGroupSpec",
     "check_dns_label",
     "check_runtime_env",

@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
+from raypod import errors
 from raypod import spec as spec_mod
 from raypod.backends.kuberay import manifests
 
@@ -216,3 +217,27 @@ def test_the_objects_beside_a_raycluster_are_valid_kubernetes_objects(tmp_path: 
     for doc in written:
         model = api._ApiClient__deserialize(doc, f"V1{doc['kind']}")  # type: ignore[attr-defined]
         assert api.sanitize_for_serialization(model) == doc, f"{doc['kind']}: a field Kubernetes does not know"
+
+
+def test_autoscaling_becomes_kuberays_autoscaler_options_and_reads_back(raycluster_schema: dict[str, Any]) -> None:
+    spec = spec_mod.parse_spec(
+        {
+            "name": "elastic",
+            "worker_groups": [{"name": "cpu", "replicas": 1, "min_replicas": 1, "max_replicas": 4}],
+            "autoscaling": {"idle_timeout_s": 30, "upscaling": "Aggressive"},
+        }
+    )
+    manifest = manifests.raycluster(spec)
+    assert manifest["spec"]["enableInTreeAutoscaling"] is True
+    assert manifest["spec"]["autoscalerOptions"] == {"idleTimeoutSeconds": 30, "upscalingMode": "Aggressive"}
+    jsonschema.validate(manifest["spec"], raycluster_schema["properties"]["spec"])
+    assert manifests.spec_from_raycluster(manifest) == spec
+    edited = copy.deepcopy(manifest)
+    edited["spec"]["autoscalerOptions"]["image"] = "mine"
+    with pytest.raises(errors.InvalidSpec, match=r"autoscalerOptions\.image"):
+        manifests.spec_from_raycluster(edited)
+
+
+def test_autoscaling_without_a_group_that_may_change_size_is_refused() -> None:
+    with pytest.raises(errors.InvalidSpec, match="no worker group may grow or shrink"):
+        spec_mod.parse_spec({"name": "fixed", "worker_groups": [{"name": "cpu"}], "autoscaling": {}})

@@ -90,6 +90,7 @@ class KubeRayBackend(RayWorkloads):
             base.Feature.HANGWATCH,
             base.Feature.NODE_COMMANDS,
             base.Feature.KV_STORE,
+            base.Feature.AUTOSCALING,
         }
     )
     tenancy = base.Tenancy(

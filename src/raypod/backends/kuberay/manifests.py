@@ -72,6 +72,11 @@ def raycluster(
     # Ray's token authentication on every Ray port (KubeRay >= 1.5.1 sets RAY_AUTH_MODE and RAY_AUTH_TOKEN in each
     # container). The Secret is raypod's own, so that its gateway can present the token.
     body["authOptions"] = {"mode": "token", "secretName": auth_secret_name(spec.name)}
+    if spec.autoscaling is not None:
+        body["autoscalerOptions"] = {
+            "idleTimeoutSeconds": spec.autoscaling.idle_timeout_s,
+            "upscalingMode": spec.autoscaling.upscaling.value,
+        }
     if spec.health_checks:
         checks = [check.model_dump(mode="json", exclude_defaults=True) for check in spec.health_checks]
         metadata.setdefault("annotations", {})[_HEALTH_CHECKS_ANNOTATION] = json.dumps(checks, sort_keys=True)
@@ -193,6 +198,7 @@ _KNOWN = {
         "workerGroupSpecs",
         "gcsFaultToleranceOptions",
         "authOptions",
+        "autoscalerOptions",
     },
     "group": {
         "groupName",
@@ -307,6 +313,15 @@ def spec_from_raycluster(manifest: Any) -> spec_mod.ClusterSpec:
                 **_group(group, where),
             }
         )
+    if "autoscalerOptions" in body:
+        options = _mapping(body["autoscalerOptions"], "spec.autoscalerOptions")
+        extra = sorted(set(options) - {"idleTimeoutSeconds", "upscalingMode"})
+        if extra:
+            raise errors.InvalidSpec(f"spec.autoscalerOptions.{extra[0]}: raypod does not manage this field")
+        data["autoscaling"] = {
+            "idle_timeout_s": options.get("idleTimeoutSeconds", 60),
+            "upscaling": options.get("upscalingMode", "Default"),
+        }
     if _mapping(body.get("authOptions", {"mode": "token"}), "spec.authOptions").get("mode") != "token":
         raise errors.InvalidSpec("spec.authOptions.mode: raypod's clusters always use Ray's token authentication")
     if "gcsFaultToleranceOptions" in body:
