@@ -107,8 +107,9 @@ def test_a_hang_seen_on_every_node_is_requested_once_and_the_detections_merge_in
     client: TestClient, admin: dict[str, str], tmp_path: Path
 ) -> None:
     _, dirs = setup_cluster(client, admin, tmp_path)
-    layout.write_json(dirs["cpu-0"] / "status.json", status(0, 25.0))
+    # Rank 1's first: a collector pass between the two writes must not see rank 0 stalled and rank 1 unknown.
     layout.write_json(dirs["cpu-1"] / "status.json", status(1, None))  # rank 1 saves a checkpoint
+    layout.write_json(dirs["cpu-0"] / "status.json", status(0, 25.0))
     time.sleep(0.5)
     assert not list(dirs["cpu-0"].glob("requests/*.json")), "a paused rank elsewhere is not a hang"
     layout.write_json(dirs["cpu-1"] / "status.json", status(1, 22.0))
