@@ -153,6 +153,15 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+class NodesFollowActions:
+    """For a backend that is not DECLARATIVE: ``apply`` does nothing, the planner's node actions are the story."""
+
+    def apply(
+        self, cluster_id: str, spec: spec_mod.ClusterSpec, *, deleting: bool, node_addons: NodeAddonsOf | None = None
+    ) -> None:
+        del cluster_id, spec, deleting, node_addons
+
+
 @runtime_checkable
 class RayJobRunner(Protocol):
     """A backend that can run one job as its own KubeRay ``RayJob`` (``raypod job submit --as-rayjob``)."""

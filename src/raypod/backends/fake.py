@@ -22,7 +22,7 @@ from raypod.backends import base, ray_jobs
 from raypod.backends.commands import CommandResult, run_command
 
 
-class FakeBackend:
+class FakeBackend(base.NodesFollowActions):
     def __init__(
         self,
         capacity: base.HostCapacity | None = None,
@@ -65,16 +65,6 @@ class FakeBackend:
 
     def set_change_listener(self, listener: Callable[[str], None]) -> None:
         self._listener = listener
-
-    def apply(
-        self,
-        cluster_id: str,
-        spec: spec_mod.ClusterSpec,
-        *,
-        deleting: bool,
-        node_addons: base.NodeAddonsOf | None = None,
-    ) -> None:
-        """Nothing: not DECLARATIVE, nodes follow the planner's actions."""
 
     def observe(self, cluster_id: str) -> state.ObservedCluster:
         with self._lock:

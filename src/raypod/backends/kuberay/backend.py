@@ -121,8 +121,8 @@ class KubeRayBackend(RayWorkloads):
         self._schema: dict[str, Any] | None = None
         self._tls: ssl.SSLContext | None = None
         self.quarantine = NodeQuarantine(self._core, request_timeout_s)
-        self.tokens = RayTokens(self._core, request_timeout_s, self._call)
         self.objects = Objects(api, request_timeout_s)
+        self.tokens = RayTokens(self.objects)
         self.addon_objects = AddonObjects(self.objects)
         self.podexec = PodExec(api.configuration)
         self.kv = KvStores(self.objects)

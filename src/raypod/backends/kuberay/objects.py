@@ -82,7 +82,7 @@ class Objects:
                 owner and current_labels.get(OWNER_LABEL) != owner
             ):
                 raise errors.PermanentError(
-                    f"a {kind} {name} in namespace {namespace} exists that raypod did not make for this cluster; "
+                    f"a {kind} {name} in namespace {namespace} exists that raypod did not create for this cluster; "
                     "delete it or choose another name"
                 )
             if keep is not None:

@@ -31,7 +31,7 @@ STOP_GRACE_S = 3.0
 MEMORY_SAMPLE_S = 15.0
 
 
-class LocalBackend:
+class LocalBackend(base.NodesFollowActions):
     """Runs Ray nodes as local process trees; several clusters coexist without port clashes."""
 
     def __init__(
@@ -89,16 +89,6 @@ class LocalBackend:
 
     def set_change_listener(self, listener: Callable[[str], None]) -> None:
         """Not called: processes are polled, so the loop observes every cluster every pass (no CHANGE_EVENTS)."""
-
-    def apply(
-        self,
-        cluster_id: str,
-        spec: spec_mod.ClusterSpec,
-        *,
-        deleting: bool,
-        node_addons: base.NodeAddonsOf | None = None,
-    ) -> None:
-        """Nothing: not DECLARATIVE, nodes follow the planner's actions."""
 
     def observe(self, cluster_id: str) -> state.ObservedCluster:
         self._children.reap()
