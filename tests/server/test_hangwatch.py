@@ -117,7 +117,8 @@ def test_a_hang_seen_on_every_node_is_requested_once_and_the_detections_merge_in
     [made] = requests
     request = layout.read_json(made)
     assert request is not None and request["action"] == "notify" and request["ranks"][0] == 0
-    assert (dirs["cpu-1"] / "requests" / made.name).exists()
+    # The collector hands it to each node in turn: wait for the second, not just the first.
+    wait_for(lambda: (dirs["cpu-1"] / "requests" / made.name).exists(), "the request on the other node too")
     training = client.get("/api/v1/namespaces/default/clusters/hw/training", headers=admin).json()
     assert training[0]["hung"] and [r["rank"] for r in training[0]["ranks"]] == [0, 1]
     for rank, node in enumerate(dirs):

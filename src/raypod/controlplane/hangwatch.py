@@ -18,6 +18,7 @@ import os
 import re
 import secrets
 import shutil
+import tempfile
 import threading
 import time
 from datetime import UTC, datetime
@@ -138,6 +139,7 @@ class AgentReports:
         self.root = home / "hangwatch-agents"
         self._key_file = home / "hangwatch-agent.key"
         self._key: bytes | None = None
+        self._lock = threading.Lock()
 
     def token(self, cluster_id: str) -> str:
         """The credential of one cluster's agents: it lets them report for that cluster and nothing else."""
@@ -198,21 +200,27 @@ class AgentReports:
                     shutil.rmtree(child, ignore_errors=True)
 
     def _mac(self, cluster_id: str) -> str:
-        if self._key is None:
-            self._key = _secret_key(self._key_file)
-        return hmac.new(self._key, f"hangwatch-agent:{cluster_id}".encode(), hashlib.sha256).hexdigest()[:43]
+        with self._lock:  # the reconciler (making nodes' add-ons) and requests ask at once on a first start
+            if self._key is None:
+                self._key = _secret_key(self._key_file)
+            key = self._key
+        return hmac.new(key, f"hangwatch-agent:{cluster_id}".encode(), hashlib.sha256).hexdigest()[:43]
 
 
 def _secret_key(path: Path) -> bytes:
-    """A key made once and kept 0600: agents' credentials survive a restart of the server."""
-    try:
+    """A key made once and kept 0600: agents' credentials survive a restart of the server. Written whole to a
+    temporary file and linked into place, so that no reader ever sees it half written and the first maker wins."""
+    with contextlib.suppress(FileNotFoundError):
         return path.read_bytes()
-    except FileNotFoundError:
-        pass
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "wb") as handle:
-        handle.write(secrets.token_bytes(32))
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(secrets.token_bytes(32))
+        with contextlib.suppress(FileExistsError):
+            os.link(temporary, path)
+    finally:
+        os.unlink(temporary)
     return path.read_bytes()
 
 

@@ -77,3 +77,28 @@ def test_a_clusters_credential_reports_for_that_cluster_only(api: TestClient) ->
     assert answer.status_code == 200
     assert set(reports.dirs(uid(api))) == {"pod-a"} and reports.dirs("another-uid") == {}
     assert (reports.root.parent / "hangwatch-agent.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_two_threads_making_the_key_at_once_agree_on_it(tmp_path: Path) -> None:
+    """On a first start the reconciler (making nodes' add-ons) and a request ask for credentials at once: both
+    must get the same key, never one half written (CI saw a credential refused that way)."""
+    import threading
+
+    from raypod.controlplane.hangwatch import AgentReports
+
+    for attempt in range(50):
+        reports = [AgentReports(tmp_path / str(attempt)), AgentReports(tmp_path / str(attempt))]
+        barrier = threading.Barrier(2)
+        tokens: list[str] = []
+
+        def ask(which: AgentReports, barrier: threading.Barrier, tokens: list[str]) -> None:
+            barrier.wait()
+            tokens.append(which.token("uid-1"))
+
+        threads = [threading.Thread(target=ask, args=(which, barrier, tokens)) for which in reports]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert tokens[0] == tokens[1], f"attempt {attempt}"
+        assert reports[1].cluster_of(tokens[0]) == "uid-1"
