@@ -127,6 +127,10 @@ AGENT_TOKEN_PREFIX = "raypod-agent."
 NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}\.json$")
 MAX_REPORT_DETECTIONS = 16
+# What one cluster's agents may leave on the server's disk: a job in a pod can read its agent's credential (same
+# user, one process namespace), so its reports are bounded as anything a user writes.
+MAX_REPORTING_NODES = 1024
+MAX_KEPT_DETECTIONS = 256
 
 
 class AgentReports:
@@ -171,6 +175,11 @@ class AgentReports:
             if data is not None and (not isinstance(data, dict) or not FILE_NAME.match(str(name))):
                 raise errors.InvalidSpec(f"{str(name)[:130]}: a file is a JSON object named <name>.json")
         directory = self.root / cluster_id / node
+        if not directory.is_dir() and len(self.dirs(cluster_id)) >= MAX_REPORTING_NODES:
+            raise errors.TooManyRequests(f"more than {MAX_REPORTING_NODES} nodes report for this cluster")
+        kept = set(untrusted_files.list_names(directory, "detections", ".json", MAX_KEPT_DETECTIONS))
+        if len(kept | set(detections)) > MAX_KEPT_DETECTIONS:
+            raise errors.TooManyRequests(f"a node keeps at most {MAX_KEPT_DETECTIONS} detections")
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         if status is not None:
             untrusted_files.write_json(directory, "status.json", status)

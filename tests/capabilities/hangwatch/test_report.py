@@ -102,3 +102,25 @@ def test_two_threads_making_the_key_at_once_agree_on_it(tmp_path: Path) -> None:
             thread.join()
         assert tokens[0] == tokens[1], f"attempt {attempt}"
         assert reports[1].cluster_of(tokens[0]) == "uid-1"
+
+
+def test_a_job_holding_its_agents_credential_cannot_fill_the_servers_disk(
+    api: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job in a pod can read its agent's credential (same user, one process namespace): what it can make the
+    server keep is bounded, by node and by detection."""
+    from raypod.controlplane import hangwatch
+
+    monkeypatch.setattr(hangwatch, "MAX_REPORTING_NODES", 3)
+    monkeypatch.setattr(hangwatch, "MAX_KEPT_DETECTIONS", 4)
+    reports = api.app.state.control_plane.hangs.reports  # type: ignore[attr-defined]
+    headers = {"Authorization": f"Bearer {reports.token(uid(api))}"}
+
+    def report(node: str, names: range) -> int:
+        body = {"detections": {f"d{i}.json": {"run_id": "r"} for i in names}}
+        return api.post(f"/api/v1/hangwatch/agents/{node}", json=body, headers=headers).status_code
+
+    assert [report(f"pod-{i}", range(0)) for i in range(4)] == [200, 200, 200, 429]
+    assert report("pod-0", range(4)) == 200 and report("pod-0", range(2)) == 200, "the same files again"
+    assert report("pod-0", range(4, 5)) == 429
+    assert len(list((reports.root / uid(api) / "pod-0" / "detections").iterdir())) == 4
