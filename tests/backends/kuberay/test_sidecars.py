@@ -5,7 +5,6 @@ by the test."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,11 @@ def raycluster(emulator: Emulator) -> dict[str, Any]:
 def group(emulator: Emulator, name: str) -> dict[str, Any] | None:
     groups = raycluster(emulator)["spec"].get("workerGroupSpecs", [])
     return next((g for g in groups if g["groupName"] == name), None)
+
+
+def rayservice(emulator: Emulator) -> Any:
+    found = emulator.custom.list_namespaced_custom_object("ray.io", "v1", "default", "rayservices")["items"]
+    return found[0] if found else None
 
 
 def claims(emulator: Emulator) -> list[str]:
@@ -256,11 +260,7 @@ def test_the_managed_l2_is_a_password_protected_valkey_only_the_clusters_serving
     deployed = api.post("/api/v1/namespaces/default/clusters/demo/deployments", json={"model": "tiny", "name": "chat"})
     assert deployed.status_code == 202, deployed.text
 
-    def rayservice() -> Any:
-        found = emulator.custom.list_namespaced_custom_object("ray.io", "v1", "default", "rayservices")["items"]
-        return found[0] if found else None
-
-    applied = until(rayservice, "the RayService, with raypod's own L2")
+    applied = until(lambda: rayservice(emulator), "the RayService, with raypod's own L2")
     [app] = yaml.safe_load(applied["spec"]["serveConfigV2"])["applications"]
     assert app["args"]["settings"]["l2_url_file"] == kvstore.URL_FILE and not app["args"]["settings"].get("l2_url")
     assert "redis://" not in json.dumps(applied), "the password is in no manifest"
@@ -310,8 +310,9 @@ def test_an_api_server_outage_in_the_middle_of_a_workspace_start_loses_nothing_a
     assert group(emulator, "space-nb") is None
     emulator.relay.restore()
     until(lambda: group(emulator, "space-nb"), "the workspace's group once the API server is back")
-    for _ in range(20):  # more passes change nothing: each object exists once
-        time.sleep(0.05)
+    plane = api.app.state.control_plane  # type: ignore[attr-defined]
+    for _ in range(5):  # more passes change nothing: each object exists once
+        plane.reconciler.reconcile_all()
     services = [s.metadata.name for s in emulator.core.list_namespaced_service("default").items]
     assert services.count("demo-space-nb") == 1
     assert len(claims(emulator)) == 1
@@ -345,11 +346,9 @@ def test_a_model_on_the_servers_disk_is_staged_into_object_storage_for_the_pods(
         url = "/api/v1/namespaces/default/clusters/demo/deployments"
         assert api.post(url, json={"model": "tiny", "name": "chat", "l2": "none"}).status_code == 202
 
-        def rayservice() -> Any:
-            found = emulator.custom.list_namespaced_custom_object("ray.io", "v1", "default", "rayservices")["items"]
-            return found[0] if found else None
-
-        [app] = yaml.safe_load(until(rayservice, "the RayService")["spec"]["serveConfigV2"])["applications"]
+        [app] = yaml.safe_load(until(lambda: rayservice(emulator), "the RayService")["spec"]["serveConfigV2"])[
+            "applications"
+        ]
         source = app["args"]["settings"]["entry"]["source"]
         assert source.startswith("memory://staged/tiny/"), source
         staged = fsspec.filesystem("memory")

@@ -61,10 +61,12 @@ class Objects:
         owner: str | None,
         *,
         keep: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None,
+        update: bool = True,
     ) -> dict[str, Any]:
         """Make the object ``manifest`` describes exist as described; ``owner``: the cluster uid it belongs to
         (None: any of raypod's clusters may share it, as a workspace's files). ``keep(current, desired)`` may carry
-        what must survive a replace (a Secret's generated values). Returns the object as it now is.
+        what must survive an update (a Secret's generated values); ``update=False`` leaves an existing object as it
+        is (a claim, whose spec is immutable). Returns the object as it now is.
 
         Raises:
             PermanentError: an object of that name exists that raypod did not make (for ``owner``); RBAC.
@@ -85,6 +87,8 @@ class Objects:
                     f"a {kind} {name} in namespace {namespace} exists that raypod did not create for this cluster; "
                     "delete it or choose another name"
                 )
+            if not update:
+                return current
             if keep is not None:
                 manifest = keep(current, manifest)
         digest = hashlib.sha256(json.dumps(manifest, sort_keys=True, default=str).encode()).hexdigest()[:16]

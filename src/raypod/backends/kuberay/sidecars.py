@@ -5,8 +5,10 @@ workspace's IDE); and, from the pods KubeRay runs, the endpoints that answer."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import secrets
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +17,8 @@ from raypod import spec as spec_mod
 from raypod.backends.kuberay import addons as pod_addons
 from raypod.backends.kuberay.objects import Objects, manifest
 
-FILES_REQUEST = "10Gi"  # a workspace's claim: the size asked of the cluster's default StorageClass
+FILES_REQUEST = "10Gi"
+RECHECK_S = 300.0  # a workspace's claim: the size asked of the cluster's default StorageClass
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,9 @@ class AddonObjects:
         self._lock = threading.Lock()
         self._endpoints: dict[str, list[Endpoint]] = {}  # cluster uid -> its sidecars' endpoints
         self._tokens: dict[str, dict[str, str]] = {}  # cluster uid -> the sidecar Secret's values
+        # cluster uid -> the digest of the add-ons last made for it, and when (an object deleted behind raypod's back
+        # is made again within RECHECK_S)
+        self._applied: dict[str, tuple[str, float]] = {}
 
     def apply(self, cluster_id: str, spec: spec_mod.ClusterSpec, per_group: dict[str, addons.NodeAddons]) -> None:
         """Create or update what the groups' add-ons need, before the RayCluster whose pods mount them.
@@ -40,6 +46,12 @@ class AddonObjects:
         Raises TransientError, PermanentError (as ``Objects.ensure``)."""
         namespace, cluster = spec.namespace, spec.name
         wanted = pod_addons.objects_wanted(per_group.items())
+        # apply runs each pass a cluster is looked at: what was made for the same add-ons costs no API call again.
+        digest = hashlib.sha256(repr((namespace, cluster, sorted(per_group.items()))).encode()).hexdigest()
+        with self._lock:
+            last = self._applied.get(cluster_id)
+        if last is not None and last[0] == digest and time.monotonic() - last[1] < RECHECK_S:
+            return
         name = pod_addons.files_configmap(cluster)
         if wanted["files"]:
             binary = {key: base64.b64encode(data).decode() for key, data in wanted["files"].items()}
@@ -56,7 +68,7 @@ class AddonObjects:
                 spec={"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": self.files_request}}},
             )
             claim["metadata"]["annotations"] = {"raypod.io/path": path}
-            self.objects.ensure(claim, None, keep=lambda current, desired: current)  # a claim's spec is immutable
+            self.objects.ensure(claim, None, update=False)
         endpoints = [
             Endpoint(group, port.endpoint, pod_addons.service_name(cluster, port.endpoint), port.port)
             for group, found in sorted(per_group.items())
@@ -78,6 +90,8 @@ class AddonObjects:
             self._endpoints[cluster_id] = endpoints
         for gone in {e.service for e in before} - {e.service for e in endpoints}:
             self.objects.delete("Service", namespace, gone, cluster_id)
+        with self._lock:
+            self._applied[cluster_id] = (digest, time.monotonic())
 
     def delete(self, cluster_id: str, spec: spec_mod.ClusterSpec) -> None:
         """What the cluster's add-ons had, but the claims: a workspace's files outlive its cluster."""
@@ -85,6 +99,7 @@ class AddonObjects:
         with self._lock:
             known = self._endpoints.pop(cluster_id, [])
             self._tokens.pop(cluster_id, None)
+            self._applied.pop(cluster_id, None)
         services = {e.service for e in known} | {
             pod_addons.service_name(cluster, f"space/{space.name}") for space in spec.spaces
         }
