@@ -109,6 +109,33 @@ class NodeStatus(BaseModel):
     cordoned: bool = Field(False, description="Held out of automatic recovery by an operator.")
 
 
+class PendingDemand(BaseModel):
+    """Work the cluster's Ray cannot place yet, as its autoscaler sees it, and why it waits."""
+
+    model_config = ConfigDict(frozen=True)
+
+    resources: dict[str, float]  # one task's, actor's or bundle's
+    count: int
+    placement_group: bool = False  # ``count`` bundles of one placement group (``resources`` is its first)
+    reason: str  # "nodes starting", "over quota: ...", "over max_replicas", "no node shape fits", "no room: ..."
+
+    def describe(self) -> str:
+        """``2 x {1 CPU}``, ``a placement group of 4 x {1 CPU}``."""
+        amounts = ", ".join(
+            f"{spec_mod.format_bytes(int(v)) if k in ('memory', 'object_store_memory') else f'{v:g}'} {k}"
+            for k, v in sorted(self.resources.items())
+        )
+        each = f"{self.count} x {{{amounts or 'nothing'}}}"
+        return f"a placement group of {each}" if self.placement_group else each
+
+
+class AutoscalingStatus(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    pending: list[PendingDemand] = Field(default_factory=list)
+    message: str = ""  # what kept the autoscaler from deciding, if anything
+
+
 class ClusterStatus(BaseModel):
     # Frozen: the store hands the same parsed status to every reader of an unchanged row (a fleet's passes).
     model_config = ConfigDict(frozen=True)
@@ -121,6 +148,7 @@ class ClusterStatus(BaseModel):
     endpoints: dict[str, str] = Field(default_factory=dict)
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int = 0
+    autoscaling: AutoscalingStatus | None = None  # clusters whose groups scale from Ray's demand
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)

@@ -39,7 +39,10 @@ class Feature(StrEnum):
     # a sidecar that reports is given the control plane's address and a credential of its cluster's.
     SHARED_ADDON_DIRS = "shared-addon-dirs"
     KV_STORE = "kv-store"  # kv_store runs a Redis for a cluster's KV cache (the managed L2 tier)
-    AUTOSCALING = "autoscaling"  # groups grow and shrink from Ray's demand (KubeRay's autoscaler)
+    AUTOSCALING = "autoscaling"  # groups grow and shrink from Ray's demand
+    # ``resource_state`` reads Ray's demand, and raypod's loop sizes the groups from it (the local backend). Without
+    # it an AUTOSCALING backend runs Ray's autoscaler beside the head (KubeRay's in-tree autoscaler).
+    RESOURCE_STATE = "resource-state"
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,12 @@ class Backend(Protocol):
     def create_node(self, cluster_id: str, node: spec_mod.NodeSpec) -> None: ...
 
     def drain_node(self, cluster_id: str, name: str, ray_node_id: str, deadline: float, reason: str) -> None: ...
+
+    def resource_state(self, cluster_id: str) -> bytes | None:
+        """RESOURCE_STATE backends: what the cluster's GCS says of its nodes' resources and the work waiting for
+        them (Ray's ``ClusterResourceState``, serialized), or None while there is no GCS to ask. Raises
+        TransientError where the GCS does not answer."""
+        ...
 
     def put_cluster_kv(self, cluster_id: str, namespace: bytes, key: bytes, value: bytes) -> None:
         """Leave ``value`` in the cluster's Ray key-value store (the GCS's), where code inside Ray reads it (the

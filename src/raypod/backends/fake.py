@@ -57,6 +57,8 @@ class FakeBackend(base.NodesFollowActions):
         self._incarnations = 0
         # Per cluster, node -> a directory a test fills as a node's hangwatch agent would (no agent runs here).
         self.addon_roots: dict[str, dict[str, Path]] = {}
+        self.resource_states: dict[str, bytes] = {}  # cluster id -> what ``resource_state`` answers
+        self.resource_state_error: Exception | None = None
         self._job_http = httpx.Client(transport=httpx.MockTransport(self._answer_job_api))
         self._listener: Callable[[str], None] = lambda cluster_id: None
 
@@ -122,6 +124,15 @@ class FakeBackend(base.NodesFollowActions):
             node = self.nodes.get(cluster_id, {}).get(name)
             if node:
                 self.nodes[cluster_id][name] = _replace(node, phase=state.NodePhase.DRAINING, drain_deadline=deadline)
+
+    def resource_state(self, cluster_id: str) -> bytes | None:
+        """What a test set in ``resource_states`` (Ray's ``ClusterResourceState``, serialized); raises what a test set
+        in ``resource_state_error``, as a GCS that does not answer."""
+        with self._lock:
+            self.calls.append(("resource_state", cluster_id))
+            if self.resource_state_error is not None:
+                raise self.resource_state_error
+            return self.resource_states.get(cluster_id)
 
     def put_cluster_kv(self, cluster_id: str, namespace: bytes, key: bytes, value: bytes) -> None:
         with self._lock:

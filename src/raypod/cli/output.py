@@ -147,6 +147,13 @@ def render_cluster(view: state.ClusterView, fmt: Format, server: str = "") -> No
             reason,
         )
     console.print(table)
+    scaling = status.autoscaling
+    if scaling is not None and (scaling.pending or scaling.message):
+        console.print("  [bold]pending demand[/bold] (Ray waits for it; the autoscaler says why)")
+        for demand in scaling.pending:
+            console.print(f"  {demand.describe():<40} {demand.reason}")
+        if scaling.message:
+            console.print(f"  [yellow]{scaling.message}[/yellow]")
     for condition in status.conditions:
         # Conditions that name a problem (ReplicaFailure, ReplacementLimitReached) are fine when false.
         good = condition.status != (condition.type in ("ReplicaFailure", "ReplacementLimitReached"))

@@ -145,24 +145,32 @@ class ClusterService:
             raise errors.Conflict(f"cluster '{name}' is being deleted; it cannot be scaled")
         before = view.spec.group(group).replicas
         scaled = view.spec.with_replicas(group, replicas)
-        if replicas > before:
+        self.resize(view, scaled, "Scaled", f"worker group {group}: {before} -> {replicas} replicas")
+        return self.store.get(namespace, name)
+
+    def resize(self, view: state.ClusterView, scaled: spec_mod.ClusterSpec, reason: str, message: str) -> str | None:
+        """Make ``scaled`` (the cluster with other replicas) its spec: at once where no group grows or governance
+        admits the growth; else it waits in the queue, and why is returned. A user's scale and the autoscaler's
+        are the same request.
+
+        Raises:
+            InsufficientCapacity. QuotaExceeded (the team rejects work beyond its quota).
+        """
+        if any(g.replicas > view.spec.group(g.name).replicas for g in scaled.worker_groups):
             self.check_capacity(scaled, excluding=view.uid)
             waits = self.governance.on_scale(view, scaled) if self.governance is not None else None
             if waits is not None:
                 self.store.set_pending(view.uid, scaled, waits)
-                message = f"worker group {group}: {before} -> {replicas} replicas waits: {waits}"
-                self.store.record(view, state.EventType.NORMAL, "ScaleQueued", message)
+                self.store.record(view, state.EventType.NORMAL, "ScaleQueued", f"{message} waits: {waits}")
                 self.wake(view.uid)
-                return self.store.get(namespace, name)
+                return waits
         if view.pending_spec is not None:
             self.store.set_pending(view.uid, None)  # this request replaces the scale-up that waited
             self.store.record(view, state.EventType.NORMAL, "ScaleCancelled", "the scale-up that waited is replaced")
         self.store.update_spec(view.uid, scaled)
-        self.store.record(
-            view, state.EventType.NORMAL, "Scaled", f"worker group {group}: {before} -> {replicas} replicas"
-        )
+        self.store.record(view, state.EventType.NORMAL, reason, message)
         self.wake(view.uid)
-        return self.store.get(namespace, name)
+        return None
 
     def delete(self, caller: Principal, namespace: str, name: str) -> state.ClusterView:
         """Ask the loop to stop every node of the cluster and forget it. Deleting twice is harmless.

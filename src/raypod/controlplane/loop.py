@@ -50,6 +50,9 @@ class Reconciler:
         self.settings = settings
         self.gcs_unreachable_timeout_s = gcs_unreachable_timeout_s
         self.scheduler = scheduler  # governance: admits queued clusters and preempts, once a pass
+        # Autoscaling: resizes a cluster from its Ray's demand (a request like a user's scale) and says what waits.
+        self.autoscale: Callable[[state.ClusterView, state.ObservedCluster], state.AutoscalingStatus | None] | None
+        self.autoscale = None
         self._wake = threading.Event()
         # Clusters whose spec changed (the API says which): reconciled before the rest of a pass, so a user's change
         # is acted on in milliseconds however many clusters a pass sweeps.
@@ -160,10 +163,12 @@ class Reconciler:
         healths, transitions = self.health.assess(view, observed)
         for transition in transitions:
             self._record_health(view, transition)
+        scaling = self.autoscale(view, observed) if self.autoscale is not None else None
         quiet = self._quiet.get(view.uid)
         if (
             quiet is not None
             and not transitions
+            and scaling == view.status.autoscaling
             and not view.deleting
             and quiet[0] == view.generation
             and quiet[1] == observed
@@ -225,6 +230,8 @@ class Reconciler:
             derived = derived.model_copy(
                 update={"phase": state.ClusterPhase.QUEUED, "message": f"queued: {view.queue_reason}"}
             )
+        if scaling is not None:
+            derived = derived.model_copy(update={"autoscaling": scaling})
         self._record_transitions(view, view.status, derived)
         if derived != view.status:
             self.store.save_status(view.uid, derived)

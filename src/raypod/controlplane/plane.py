@@ -13,6 +13,7 @@ from raypod.backends import base
 from raypod.backends.kuberay import manifests
 from raypod.controlplane import addons as node_addons
 from raypod.controlplane import loop, plan
+from raypod.controlplane.autoscaling import Autoscaler
 from raypod.controlplane.clusters import ClusterService
 from raypod.controlplane.governance import GovernanceService
 from raypod.controlplane.hangwatch import AgentReports, HangCollector
@@ -82,6 +83,7 @@ class ControlPlane:
         if ids.bootstrap(settings.home / "credentials", settings.public_url, ca_file):
             log.info("first start: admin credentials written to %s (mode 0600)", settings.home / "credentials")
         clusters = ClusterService(db, chosen, ids, wake=reconciler.wake, governance=governor)
+        reconciler.autoscale = Autoscaler(clusters).step
         job_service = JobService(clusters, settings.home / "packages")
         side_interval_s = min(settings.reconcile_interval_s, 1.0)
         supervisor = JobSupervisor(job_service, interval_s=side_interval_s)

@@ -11,11 +11,11 @@ from raypod.spec.values import Strict
 
 
 class Upscaling(StrEnum):
-    """As Ray's autoscaler's ``upscaling_speed`` (KubeRay's ``upscalingMode``)."""
+    """KubeRay's ``upscalingMode``, mapped as KubeRay maps it onto Ray's ``upscaling_speed``."""
 
-    DEFAULT = "Default"  # grows by up to the current size per round
-    AGGRESSIVE = "Aggressive"  # starts every node the demand needs at once
-    CONSERVATIVE = "Conservative"  # one node at a time
+    DEFAULT = "Default"  # every node the demand needs at once (speed 1000)
+    AGGRESSIVE = "Aggressive"  # the same as Default, as in KubeRay
+    CONSERVATIVE = "Conservative"  # no more nodes starting at once than the group runs (at least one; speed 1)
 
 
 class AutoscalingSpec(Strict):

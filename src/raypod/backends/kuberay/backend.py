@@ -275,6 +275,9 @@ class KubeRayBackend(RayWorkloads):
     def drain_node(self, cluster_id: str, name: str, ray_node_id: str, deadline: float, reason: str) -> None:
         raise errors.PermanentError("draining is KubeRay's on Kubernetes (its autoscaler drains before scale-down)")
 
+    def resource_state(self, cluster_id: str) -> bytes | None:
+        return None  # KubeRay's autoscaler, in the head pod, reads the demand and patches the RayCluster
+
     def put_cluster_kv(self, cluster_id: str, namespace: bytes, key: bytes, value: bytes) -> None:
         raise errors.PermanentError(
             "raypod does not reach a RayCluster's GCS yet: on Kubernetes a preempted run has only the pods' "

@@ -19,7 +19,7 @@ import psutil
 
 from raypod import errors, state
 from raypod import spec as spec_mod
-from raypod.backends import base, commands, ray_jobs
+from raypod.backends import _ports, base, commands, ray_jobs
 from raypod.backends.local import launch, processes, sidecars
 from raypod.backends.local.gcs import Gcs, GcsTable
 from raypod.backends.local.records import NODE_PORTS, ClusterRecord, NodeRecord, Records
@@ -59,6 +59,8 @@ class LocalBackend(base.NodesFollowActions):
                 base.Feature.HANGWATCH,
                 base.Feature.SHARED_ADDON_DIRS,
                 base.Feature.KV_STORE,
+                base.Feature.AUTOSCALING,
+                base.Feature.RESOURCE_STATE,
             }
             | ({base.Feature.GPUS} if self._gpus else set())
         )
@@ -188,6 +190,12 @@ class LocalBackend(base.NodesFollowActions):
         self._gcs.drain(cluster_id, cluster.gcs_port, name, ray_node_id, deadline, reason)
         record.drain_deadline = deadline
         self.records.write_node(cluster_id, record)
+
+    def resource_state(self, cluster_id: str) -> bytes | None:
+        cluster = self.records.read_cluster(cluster_id)
+        if cluster is None or not _ports.is_listening(cluster.gcs_port):
+            return None
+        return self._gcs.resource_state(cluster_id, cluster.gcs_port)
 
     def put_cluster_kv(self, cluster_id: str, namespace: bytes, key: bytes, value: bytes) -> None:
         cluster = self.records.read_cluster(cluster_id)

@@ -104,6 +104,24 @@ class Gcs:
         if not accepted:
             raise errors.TransientError(f"Ray refused to drain node {node}: {rejection}")
 
+    def resource_state(self, cluster_id: str, port: int) -> bytes:
+        """The cluster's ``ClusterResourceState`` (Ray's autoscaler's input), serialized.
+
+        Raises:
+            TransientError: the GCS did not answer.
+        """
+        from ray.core.generated import autoscaler_pb2
+
+        try:
+            raw = self._call(
+                cluster_id, port, lambda client: client.get_cluster_resource_state(timeout_s=GCS_TIMEOUT_S)
+            )
+        except Exception as exc:
+            raise errors.TransientError(f"cannot read the cluster's resource demand: {exc}") from exc
+        reply = autoscaler_pb2.GetClusterResourceStateReply()  # type: ignore[attr-defined]
+        reply.ParseFromString(raw)
+        return bytes(reply.cluster_resource_state.SerializeToString())
+
     def put_kv(self, cluster_id: str, port: int, namespace: bytes, key: bytes, value: bytes) -> None:
         try:
             self._call(cluster_id, port, lambda client: client.internal_kv_put(key, value, True, namespace))

@@ -73,6 +73,8 @@ NODE_EVENT_KINDS = {
     "NodeHealthy": "recovered",
     "RemovedUnhealthyNode": "removed_unhealthy",
     "ReplacementLimitReached": "replacement_limit",
+    "ScaledUp": "scaled_up",  # the autoscaler's
+    "ScaledDown": "scaled_down",
 }
 
 
@@ -115,6 +117,11 @@ class ClusterCollector(Collector):
             "1 for each node's current health state (Healthy, Suspect, Unhealthy, Unknown).",
             labels=["ray_io_cluster", "namespace", "node", "state"],
         )
+        pending = GaugeMetricFamily(
+            "raypod_autoscaler_pending_demand",
+            "Requests (tasks, actors, placement-group bundles) the cluster's Ray cannot place yet, by why they wait.",
+            labels=["ray_io_cluster", "namespace", "reason"],
+        )
         by_phase: Tally[str] = Tally({phase.value: 0 for phase in state.ClusterPhase})
         for view in self.views():
             phase = state.ClusterPhase.DELETING.value if view.deleting else view.status.phase.value
@@ -127,12 +134,17 @@ class ClusterCollector(Collector):
             counts = Tally(node.phase.value for node in view.status.nodes)
             for node_phase in state.NodePhase:
                 nodes.add_metric([name, namespace, node_phase.value], counts[node_phase.value])
+            waiting: Tally[str] = Tally()
+            for demand in view.status.autoscaling.pending if view.status.autoscaling else ():
+                waiting[demand.reason.split(":")[0]] += demand.count
+            for reason, count in sorted(waiting.items()):
+                pending.add_metric([name, namespace, reason], count)
             for node in view.status.nodes:
                 for health_state in state.NodeHealthState:
                     health.add_metric([name, namespace, node.name, health_state.value], node.health is health_state)
         for phase, count in sorted(by_phase.items()):
             clusters.add_metric([phase], count)
-        yield from (clusters, info, nodes, desired, reachable, health)
+        yield from (clusters, info, nodes, desired, reachable, health, pending)
 
 
 def exposition(views: Callable[[], Iterable[state.ClusterView]]) -> bytes:
