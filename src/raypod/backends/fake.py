@@ -89,7 +89,7 @@ class FakeBackend(base.NodesFollowActions):
                     nodes[name] = _replace(
                         node,
                         phase=state.NodePhase.RUNNING,
-                        ray_node_id=f"ray-{name}",
+                        ray_node_id=fake_ray_node_id(name),
                         metrics_endpoint=f"{cluster_id[:8]}-{name}.fake:8080",  # nothing listens: for discovery tests
                     )
                 elif node.phase is state.NodePhase.DRAINING:
@@ -262,3 +262,9 @@ def _replace(node: state.ObservedNode, **changes: object) -> state.ObservedNode:
     from dataclasses import replace
 
     return replace(node, **changes)  # type: ignore[arg-type]
+
+
+def fake_ray_node_id(node: str) -> str:
+    """The Ray node id the fake backend gives a node: 28 bytes in hex, as a GCS gives them (a test that plays the
+    GCS's resource state names nodes the same)."""
+    return node.encode()[:28].ljust(28, b"\0").hex()
