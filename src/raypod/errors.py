@@ -111,6 +111,13 @@ class TransientError(BackendError):
     http_status = 503
 
 
+class NotYet(TransientError):
+    """The action cannot run yet (a sidecar of a node whose processes are still starting): the loop asks again next
+    pass, without an event, a failure or a backoff."""
+
+    code = "not_yet"
+
+
 class PermanentError(BackendError):
     code = "permanent"
     http_status = 502

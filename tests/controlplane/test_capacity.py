@@ -62,6 +62,6 @@ def test_autoscaling_is_refused_with_why_where_the_backend_does_not_scale_from_d
     spec = spec_mod.parse_spec(
         {"name": "elastic", "worker_groups": [{"name": "cpu", "max_replicas": 4}], "autoscaling": {}}
     )
-    with pytest.raises(errors.InvalidSpec, match="does not scale from Ray's demand yet"):
+    with pytest.raises(errors.InvalidSpec, match="does not scale from Ray's demand"):
         capacity.check_features(spec, frozenset())
     capacity.check_features(spec, frozenset({base.Feature.AUTOSCALING}))

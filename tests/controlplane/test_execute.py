@@ -62,3 +62,18 @@ def test_consecutive_creates_run_concurrently() -> None:
     outcomes = execute.execute(creates("cpu-0", "cpu-1", "cpu-2"), Slow(), "c1", Recorder())
     release.set()
     assert [o.error for o in outcomes] == [None, None, None]
+
+
+def test_an_action_that_cannot_run_yet_is_no_failure_and_no_event() -> None:
+    """A sidecar of a node whose processes are still starting: asked again next pass, nothing recorded, and the
+    actions after it still run."""
+
+    class StartingBackend(fake.FakeBackend):
+        def start_sidecar(self, cluster_id: str, node: str, sidecar: str) -> None:
+            raise errors.NotYet(f"node {node} is still starting")
+
+    backend, record = StartingBackend(), Recorder()
+    planned = [actions.StartSidecar("cpu-0", "ide", "StartedSidecar", "ide of node cpu-0"), *creates("cpu-1")]
+    outcomes = execute.execute(planned, backend, "c1", record)
+    assert not outcomes[0].failed and isinstance(outcomes[0].error, errors.NotYet)
+    assert [e[1] for e in record.events] == ["CreatedWorker"]

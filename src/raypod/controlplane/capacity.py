@@ -19,7 +19,7 @@ def check_features(spec: spec_mod.ClusterSpec, features: frozenset[base.Feature]
         )
     if spec.autoscaling is not None and base.Feature.AUTOSCALING not in features:
         raise errors.InvalidSpec(
-            "autoscaling: this backend does not scale from Ray's demand yet (KubeRay does; docs/cluster-spec.md): "
+            "autoscaling: this backend does not scale from Ray's demand (docs/autoscaling.md): "
             "scale with `raypod cluster scale`, or leave autoscaling out"
         )
     if spec.spaces and base.Feature.SPACES not in features:

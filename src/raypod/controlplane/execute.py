@@ -37,6 +37,11 @@ class Outcome:
         return self.action.reason if self.error is None else f"FailedTo{verb}"
 
     @property
+    def failed(self) -> bool:
+        """It failed; one that could not run yet (``NotYet``) is asked again next pass and is no failure."""
+        return self.error is not None and not isinstance(self.error, errors.NotYet)
+
+    @property
     def is_permanent(self) -> bool:
         return isinstance(self.error, errors.PermanentError)
 
@@ -55,9 +60,10 @@ def execute(planned: list[actions.Action], backend: base.Backend, cluster_id: st
             with ThreadPoolExecutor(max_workers=min(len(batch), 16)) as pool:
                 results = list(pool.map(lambda action: _apply(action, backend, cluster_id), batch))
         for outcome in results:
-            _record(outcome, record)
+            if outcome.error is None or outcome.failed:
+                _record(outcome, record)
         outcomes.extend(results)
-        if any(outcome.error is not None for outcome in results):
+        if any(outcome.failed for outcome in results):
             break
     return outcomes
 

@@ -207,7 +207,7 @@ class Reconciler:
             self._quiet.pop(view.uid, None)
             self._failures.pop(view.uid, None)
             return True
-        if any(o.error is not None for o in outcomes) or not applied:
+        if any(o.failed for o in outcomes) or not applied:
             self._back_off(view.uid)
         else:
             self._failures.pop(view.uid, None)

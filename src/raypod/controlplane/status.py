@@ -58,7 +58,7 @@ def derive_status(
     ready = sum(1 for name in desired_names if name in running)
     head = observed.head
     head_ready = head is not None and head.phase is state.NodePhase.RUNNING
-    failures = [o for o in outcomes if o.error is not None]
+    failures = [o for o in outcomes if o.failed]
     permanent = [o for o in failures if o.is_permanent]
 
     surplus = sorted(name for name in observed.nodes if name not in set(desired_names))

@@ -4,7 +4,10 @@ regions, the form/YAML conversions, escaping and headers, and who sees what."""
 from __future__ import annotations
 
 import html
+import json
 import re
+import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -212,3 +215,36 @@ def test_new_cluster_form_offers_the_priority_classes(client: TestClient, admin:
         "normal",
         "low",
     ]
+
+
+def test_the_cluster_page_shows_the_autoscalers_pending_demand_and_why_it_waits(tmp_path: Path) -> None:
+    from raypod import config
+    from raypod.backends import base
+    from raypod.backends.fake import FakeBackend
+    from raypod.server.app import create_app
+    from tests.capabilities.autoscaling.test_scaler import resource_state
+
+    backend = FakeBackend(features=FakeBackend().features | {base.Feature.AUTOSCALING, base.Feature.RESOURCE_STATE})
+    settings = config.Settings(home=tmp_path, reconcile_interval_s=0.05, tls=False)
+    spec = {
+        "name": "grow",
+        "head": {"cpus": 0},
+        "worker_groups": [{"name": "cpu", "replicas": 1, "min_replicas": 1, "max_replicas": 4}],
+        "autoscaling": {"idle_timeout_s": 30},
+    }
+    with TestClient(create_app(settings, backend=backend)) as client:
+        token = json.loads((tmp_path / "credentials").read_text())["token"]
+        headers = {"Authorization": f"Bearer {token}"}
+        uid = client.post("/api/v1/clusters", json=spec, headers=headers).json()["uid"]
+        wait_ready(client, headers, "default", "grow")
+        backend.resource_states[uid] = resource_state(busy={"cpu-0": False}, tasks=({"CPU": 64}, 1))
+        deadline = time.monotonic() + 10
+        while not client.get("/api/v1/namespaces/default/clusters/grow", headers=headers).json()["status"][
+            "autoscaling"
+        ]["pending"]:
+            assert time.monotonic() < deadline, "the autoscaler never said what waits"
+            time.sleep(0.05)
+        client.post("/login", data={"token": token}).raise_for_status()
+        page = html.unescape(client.get("/namespaces/default/clusters/grow").text)
+    assert "cpu: 1 in [1, 4]; idle nodes go after 30 s" in page
+    assert "<li>1 x {64 CPU}: no node shape fits</li>" in page, page[page.index("Autoscaling") :][:800]

@@ -189,7 +189,7 @@ class Launcher:
         the node; the helpers that enter the namespaces never see ``environment``).
 
         Raises:
-            TransientError: the node is still starting. NotFound: it is not running.
+            NotYet: the node is still starting. NotFound: it is not running.
         """
         if not self.sandbox:
             return privileged.Launch(argv, environment)
@@ -200,7 +200,7 @@ class Launcher:
         raypod gave it). Raises psutil.Error when it is not running."""
         environment = dict(psutil.Process(self._inside_pid(record) if self.sandbox else record.pid).environ())
         if "RAY_AUTH_TOKEN" not in environment:
-            raise errors.TransientError(f"node {record.name} is still starting")  # the sandbox's helpers run
+            raise errors.NotYet(f"node {record.name} is still starting")  # the sandbox's helpers run
         return environment
 
     def _inside_pid(self, record: NodeRecord) -> int:
@@ -214,7 +214,7 @@ class Launcher:
         except psutil.NoSuchProcess as exc:
             raise errors.NotFound(f"node {record.name} is not running") from exc
         if not children:
-            raise errors.TransientError(f"node {record.name} is still starting")
+            raise errors.NotYet(f"node {record.name} is still starting")
         self._inside[record.pid] = (children[0].pid, record.create_time)
         return children[0].pid
 

@@ -62,6 +62,8 @@ class Sidecars:
             own = {k: fill(v) for k, v in (*wanted.env, *wanted.secret_env)}
             environment = {**self.launcher.running_environment(record), **own}
             launch = self.launcher.as_node(record, environment, [fill(arg) for arg in wanted.argv])
+        except errors.NotYet:
+            raise  # its sidecars start beside its start: the next pass asks again once Ray's command runs
         except (psutil.Error, errors.RaypodError) as exc:
             raise errors.TransientError(f"node {record.name} is starting or stopping: {exc}") from exc
         log_path = self.records.log_path(cluster_id, f"{record.name}.{sidecar}")
