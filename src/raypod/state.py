@@ -224,7 +224,9 @@ class JobView(BaseModel):
     id: str
     namespace: str
     cluster: str
-    owner: str = Field(description="Who submitted it; empty for a job submitted with plain Ray tooling.")
+    owner: str = Field(
+        description="Who submitted it; for plain Ray tooling, who did through the gateway (empty: not through it)."
+    )
     spec: spec_mod.JobSpec
     status: JobStatus
     attempts: list[Attempt] = Field(
@@ -472,3 +474,29 @@ class QueueEntry(BaseModel):
     position: int
     reason: str
     submitted_at: datetime
+
+
+# -- audit ---------------------------------------------------------------------------------------------------
+
+
+class AuditEntry(BaseModel):
+    """One change someone asked for, and how it ended. ``hash`` chains it to the entry before it."""
+
+    seq: int
+    time: datetime
+    actor: str = Field(description="The user; empty when the request carried no valid credentials.")
+    token_id: str = Field("", description="The API token presented, or the one its session was made from.")
+    via: str = Field("", description="token, session, or empty")
+    source: str = Field(description="api, console, gateway (operate requests to a cluster) or login")
+    action: str = Field(description="The method and path, without the query string.")
+    target: str = Field("", description="namespace/cluster where the path names one.")
+    client: str = ""
+    result: int = Field(description="The HTTP status the request was answered with.")
+    hash: str = ""
+
+
+class AuditVerification(BaseModel):
+    intact: bool
+    entries: int
+    first_bad: int | None = Field(None, description="The first entry (seq) whose chain does not hold.")
+    message: str

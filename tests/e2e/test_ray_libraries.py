@@ -80,12 +80,13 @@ def test_jobs_of_plain_ray_tooling_appear_in_raypod(
             return next((j for j in jobs if any(a.submission_id == submission for a in j.attempts)), None)
 
         job = wait_until(imported, "raypod to import the job Ray ran", 60)
-        assert job.submitted_via is state.SubmittedVia.RAY and job.owner == ""
+        # The gateway wrote who submitted it into the job's metadata.
+        assert job.submitted_via is state.SubmittedVia.RAY and job.owner == "admin"
         assert api.jobs.wait(job.id, timeout=60).status is state.JobStatus.SUCCEEDED
         assert "hello-from-ray-tooling" in api.jobs.logs(job.id)
     listed = run_cli(raypod_server, "raypod", "job", "list", "-c", libs_cluster)
     line = next((li for li in listed.stdout.splitlines() if submission in li), "")
-    assert "via=ray " in line, listed.stdout
+    assert "via=ray " in line and "by=admin " in line, listed.stdout
     with httpx.Client(base_url=raypod_server.url, verify=tls_verify(raypod_server.ca_file)) as browser:
         browser.post("/login", data={"token": raypod_server.admin_token}).raise_for_status()
         page = browser.get(f"/namespaces/default/clusters/{libs_cluster}")

@@ -283,9 +283,18 @@ def test_a_write_forwards_its_body_with_a_matching_length(echo: tuple[App, EchoD
     answer = app.http.post("/clusters/ml/train/api/jobs/", json={"entrypoint": "echo hi"}, headers=app.as_("alice"))
     assert answer.status_code == 200
     received = dashboard.received[-1]
-    assert json.loads(received["body"]) == {"entrypoint": "echo hi"}
+    # The gateway writes who submitted it into the job's metadata, for raypod's job list.
+    assert json.loads(received["body"]) == {"entrypoint": "echo hi", "metadata": {"raypod.submitted_by": "alice"}}
     assert int(received["headers"]["Content-Length"]) == len(received["body"])
     assert app.http.post("/clusters/ml/train/api/jobs/", json={}, headers=app.as_("bob")).status_code == 403
+
+
+def test_a_submission_cannot_claim_another_submitter(echo: tuple[App, EchoDashboard]) -> None:
+    app, dashboard = echo
+    spoofed = {"entrypoint": "echo hi", "metadata": {"raypod.submitted_by": "admin", "team": "ml"}}
+    assert app.http.post("/clusters/ml/train/api/jobs/", json=spoofed, headers=app.as_("alice")).status_code == 200
+    metadata = json.loads(dashboard.received[-1]["body"])["metadata"]
+    assert metadata == {"raypod.submitted_by": "alice", "team": "ml"}
 
 
 def test_a_dashboard_that_does_not_answer_times_out(echo: tuple[App, EchoDashboard]) -> None:

@@ -35,6 +35,7 @@ CONSOLE_PAGES = {
     "/",
     "/new",
     "/events",
+    "/audit",
     "/quotas",
     "/namespaces/{namespace}/clusters/{name}",
     "/namespaces/{namespace}/clusters/{name}/jobs/new",

@@ -99,7 +99,7 @@ def list_(
     namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
     fmt: OutputOpt = Format.TABLE,
 ) -> None:
-    """Every job of a cluster: submitted with raypod or with plain Ray tooling (``via``)."""
+    """Every job of a cluster: submitted with raypod or with plain Ray tooling (``via``), and by whom (``by``)."""
     found = cluster_cli.client().jobs.list(cluster, namespace)
     if fmt is not Format.TABLE:
         output.emit_data(found, fmt)
@@ -109,7 +109,7 @@ def list_(
         ray_id = job.attempts[-1].submission_id if job.attempts else "-"
         output.console.print(
             f"{job.id}  ray={ray_id:<26} {job.status.value:<10} via={job.submitted_via.value:<6} "
-            f"attempts={len(job.attempts)}  {job.spec.entrypoint[:60]}"
+            f"by={job.owner or '-':<12} attempts={len(job.attempts)}  {job.spec.entrypoint[:60]}"
         )
 
 

@@ -12,7 +12,19 @@ from typer.core import TyperGroup
 
 from raypod import config, errors, state
 from raypod import spec as spec_mod
-from raypod.cli import clusters, daemon, governance, identities, jobs, node, observability, output, serving, spaces
+from raypod.cli import (
+    audit,
+    clusters,
+    daemon,
+    governance,
+    identities,
+    jobs,
+    node,
+    observability,
+    output,
+    serving,
+    spaces,
+)
 from raypod.client import Client, connection_settings
 
 
@@ -50,6 +62,7 @@ NOUNS = {
     "user": identities.user_app,
     "team": identities.team_app,
     "namespace": identities.namespace_app,
+    "audit": audit.app,
 }
 for noun, commands in NOUNS.items():
     app.add_typer(commands, name=noun)

@@ -10,6 +10,7 @@ import httpx
 
 from raypod import config, errors, state
 from raypod.client._http import Transport
+from raypod.client.audit import Audit
 from raypod.client.clusters import Clusters
 from raypod.client.governance import Quotas
 from raypod.client.identities import Namespaces, Teams, Tokens, Users
@@ -70,6 +71,7 @@ class Client:
         self.namespaces = Namespaces(self._transport)
         self.monitoring = Monitoring(self._transport)
         self.quotas = Quotas(self._transport)
+        self.audit = Audit(self._transport)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """Call any API route with this client's credentials; errors raise raypod.errors classes."""

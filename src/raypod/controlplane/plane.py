@@ -13,6 +13,7 @@ from raypod.backends import base
 from raypod.backends.kuberay import manifests
 from raypod.controlplane import addons as node_addons
 from raypod.controlplane import loop, plan
+from raypod.controlplane.audit import AuditLog
 from raypod.controlplane.autoscaling import Autoscaler
 from raypod.controlplane.clusters import ClusterService
 from raypod.controlplane.governance import GovernanceService
@@ -41,6 +42,7 @@ class ControlPlane:
     supervisor: JobSupervisor
     serving_applier: ServingApplier
     hangs: HangCollector
+    audit: AuditLog
 
     @classmethod
     def open(cls, settings: config.Settings, backend: base.Backend | None = None) -> ControlPlane:
@@ -113,6 +115,7 @@ class ControlPlane:
             hangs=HangCollector(
                 db, job_service, interval_s=side_interval_s, outbound=settings.outbound, reports=reports
             ),
+            audit=AuditLog(db, settings.home),
         )
 
     def info(self) -> state.ServerInfo:

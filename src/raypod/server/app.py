@@ -13,8 +13,9 @@ import raypod
 from raypod import config
 from raypod.backends import base
 from raypod.controlplane.plane import ControlPlane
-from raypod.server import console, gateway, limits, origins
+from raypod.server import audit, console, gateway, limits, origins
 from raypod.server import errors as server_errors
+from raypod.server.routes import audit as audit_routes
 from raypod.server.routes import clusters, identities, observability
 from raypod.server.routes import governance as governance_routes
 from raypod.server.routes import hangwatch as hangwatch_routes
@@ -42,6 +43,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         app.state.serving = plane.serving
         app.state.spaces = plane.spaces
         app.state.hangs = plane.hangs
+        app.state.audit = plane.audit
         app.state.reconciler = plane.reconciler
         app.state.gateway_routes = gateway.RouteCache(plane.clusters)
         # aiohttp, not httpx, for the proxy hop: it adds about half the latency per request here.
@@ -77,12 +79,15 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         upload_limit=settings.max_upload_bytes,
         proxied_limit=settings.gateway_max_body_bytes,
     )
-    # Outermost: a request to a cluster's or workspace's own origin never reaches the console's routes.
+    # A request to a cluster's or workspace's own origin never reaches the console's routes.
     app.add_middleware(gateway.OriginDispatch, proxied_limit=settings.gateway_max_body_bytes)
+    # Outermost: every change anyone asks for, wherever it goes, is in the audit log.
+    app.add_middleware(audit.AuditTrail)
     app.include_router(clusters.router)
     app.include_router(identities.router)
     app.include_router(job_routes.router)
     app.include_router(hangwatch_routes.router)
+    app.include_router(audit_routes.router)
     app.include_router(serving_routes.router)
     app.include_router(space_routes.router)
     app.include_router(governance_routes.router)

@@ -11,6 +11,7 @@ from starlette.requests import HTTPConnection
 
 from raypod import errors
 from raypod.controlplane import identity
+from raypod.server import audit
 
 SESSION_COOKIE = "raypod_session"  # over plain HTTP (tests, a loopback-only server without TLS)
 # Over TLS: a ``__Host-`` cookie is host-only and Secure by rule, so no sibling host (a cluster's own origin
@@ -75,10 +76,10 @@ def authenticate(request: Request) -> identity.Principal:
     ids = identities(request)
     token = bearer_token(request.headers.get("authorization"))
     if token is not None:
-        return ids.authenticate_token(token)
+        return audit.remember(request.state, ids.authenticate_token(token))
     session = session_id(request)
     if session:
-        principal = ids.authenticate_session(session)
+        principal = audit.remember(request.state, ids.authenticate_session(session))
         if request.method not in SAFE_METHODS:
             check_same_origin(request)
             sent = request.headers.get(CSRF_HEADER, "")

@@ -41,6 +41,7 @@ from raypod.spec.hangwatch import (
 from raypod.spec.jobs import (
     JOB_ID_PATTERN,
     MAX_JOB_BACKOFF_S,
+    SUBMITTED_BY,
     JobSpec,
 )
 from raypod.spec.nodes import (
@@ -461,6 +462,7 @@ __all__ = [
     "SPACE_GROUP",
     "SPACE_LABEL",
     "SPACE_OBJECT_STORE_BYTES",
+    "SUBMITTED_BY",
     "AutoscalingSpec",
     "ByteSize",
     "ClusterSpec",

@@ -22,6 +22,11 @@ MAX_JOB_BACKOFF_S = 300.0
 JOB_ID_PATTERN = r"^(rj-[0-9a-f]{10}|raysubmit_[A-Za-z0-9]{1,64})$"
 
 
+# A job's metadata key: who submitted it with Ray's tooling through raypod's gateway (the gateway writes it over
+# whatever the submission said).
+SUBMITTED_BY = "raypod.submitted_by"
+
+
 class JobSpec(BaseModel):
     """A raypod job: one Ray job submission, resubmitted after a FAILED attempt like KubeRay's ``backoffLimit``."""
 

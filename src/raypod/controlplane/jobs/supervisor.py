@@ -244,7 +244,7 @@ def _imported(view: state.ClusterView, job_id: str, info: dict[str, Any]) -> sta
         id=job_id,
         namespace=view.spec.namespace,
         cluster=view.spec.name,
-        owner="",
+        owner=str(metadata.get(spec_mod.SUBMITTED_BY, ""))[:63],  # the gateway writes it: who submitted through it
         spec=spec,
         status=state.JobStatus.RUNNING if ray_status == "RUNNING" else state.JobStatus.PENDING,
         attempts=[attempt],

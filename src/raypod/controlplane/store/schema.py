@@ -200,3 +200,20 @@ deployments = sa.Table(
     sa.Column("failure", sa.Text, nullable=True),  # why the applier could not submit it
     sa.Column("delete_requested", sa.Boolean, nullable=False, server_default=sa.false()),
 )
+
+# Append-only: each row's hash covers the previous row's hash and its own fields (controlplane/audit.py).
+audit_log = sa.Table(
+    "audit_log",
+    metadata,
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("time", sa.DateTime(timezone=True), nullable=False, index=True),
+    sa.Column("actor", sa.String(63), nullable=False, index=True),
+    sa.Column("token_id", sa.String(64), nullable=False),
+    sa.Column("via", sa.String(16), nullable=False),
+    sa.Column("source", sa.String(16), nullable=False),
+    sa.Column("action", sa.String(512), nullable=False),
+    sa.Column("target", sa.String(200), nullable=False, index=True),
+    sa.Column("client", sa.String(64), nullable=False),
+    sa.Column("result", sa.Integer, nullable=False),
+    sa.Column("hash", sa.String(64), nullable=False),
+)

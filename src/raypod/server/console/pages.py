@@ -284,6 +284,26 @@ def quotas_page(request: Request) -> Response:
     )
 
 
+@router.get("/audit")
+def audit_page(
+    request: Request,
+    user: Annotated[str, Query(max_length=63)] = "",
+    cluster: Annotated[str, Query(max_length=127)] = "",
+) -> Response:
+    """Installation admins: the newest changes anyone asked for, and whether the log's chain holds."""
+    principal = _viewer(request)
+    log = _plane(request).audit
+    entries = log.list(principal, user=user or None, cluster=cluster or None, limit=500)
+    return _render(
+        request,
+        principal,
+        "audit.html",
+        entries=list(reversed(entries)),
+        verification=log.verify(principal),
+        filters={"user": user, "cluster": cluster},
+    )
+
+
 @router.get("/events")
 def events_page(
     request: Request,

@@ -196,7 +196,7 @@ async def proxy_cluster(
     url = f"{upstream_base}/{upstream_path}" + (f"?{request.url.query}" if request.url.query else "")
     body: Any = request.stream() if request.method in WRITE_METHODS else None
     if request.method == "POST" and path.strip("/") == "api/jobs":
-        body = await checked_submission(request)
+        body = await checked_submission(request, principal.user)
         length = len(body)
         headers = upstream_headers(request, route, prefix, length)
     return await forward(
@@ -212,9 +212,10 @@ async def proxy_cluster(
     )
 
 
-async def checked_submission(request: Request) -> bytes:
+async def checked_submission(request: Request, submitter: str) -> bytes:
     """A plain ``ray job submit`` body, read whole (it is small), with its raypod.hang_* metadata validated: a
-    bad hang rule is refused here, before Ray starts a job that would silently run without it.
+    bad hang rule is refused here, before Ray starts a job that would silently run without it. The submitter is
+    written into its metadata (``raypod.submitted_by``, whatever the body said), for raypod's job list.
 
     Raises:
         PayloadTooLarge: over MAX_SUBMISSION_BYTES. InvalidSpec: a bad raypod.hang_* value.
@@ -225,15 +226,18 @@ async def checked_submission(request: Request) -> bytes:
         if len(body) > MAX_SUBMISSION_BYTES:
             raise errors.PayloadTooLarge(f"a job submission is limited to {MAX_SUBMISSION_BYTES // 1024} KiB")
     try:
-        metadata = json.loads(body or b"{}").get("metadata") or {}
+        submission = json.loads(body or b"{}")
+        metadata = submission.get("metadata") or {}
     except (ValueError, AttributeError):
         return body  # not ours to judge: Ray answers a malformed submission itself
-    if isinstance(metadata, dict):
-        try:
-            spec_mod.hang_overrides_from_metadata({str(k): str(v) for k, v in metadata.items()})
-        except ValueError as exc:
-            raise errors.InvalidSpec(str(exc)) from None
-    return body
+    if not isinstance(metadata, dict):
+        return body
+    try:
+        spec_mod.hang_overrides_from_metadata({str(k): str(v) for k, v in metadata.items()})
+    except ValueError as exc:
+        raise errors.InvalidSpec(str(exc)) from None
+    submission["metadata"] = {**metadata, spec_mod.SUBMITTED_BY: submitter}
+    return json.dumps(submission).encode()
 
 
 @router.websocket("/clusters/{namespace}/{name}/{path:path}")

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from raypod import errors
 from raypod.controlplane import identity
-from raypod.server import auth, limits
+from raypod.server import audit, auth, limits
 from raypod.server import origins as origins_mod
 from raypod.server.gateway.clusters import proxy_cluster, resolve
 from raypod.server.gateway.forward import (
@@ -45,6 +45,7 @@ async def origin_principal(request: Request, target: origins_mod.Target) -> iden
     principal: identity.Principal = await run_in_threadpool(
         request.app.state.identities.authenticate_session_hash, session
     )
+    audit.remember(request.state, principal)
     if request.method not in auth.SAFE_METHODS:
         auth.check_same_origin(request)
         if request.headers.get("sec-fetch-site") != "same-origin":

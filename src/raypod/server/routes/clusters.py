@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from raypod import spec as spec_mod
@@ -12,6 +12,7 @@ from raypod import state
 from raypod.controlplane import store
 from raypod.controlplane.clusters import ClusterService
 from raypod.controlplane.plane import ControlPlane
+from raypod.server import audit
 from raypod.server.auth import Caller
 from raypod.server.routes import part
 
@@ -55,7 +56,8 @@ def list_clusters(
 
 
 @router.post("/clusters", status_code=202)
-def create_cluster(caller: Caller, spec: spec_mod.ClusterSpec, svc: Service) -> state.ClusterView:
+def create_cluster(caller: Caller, spec: spec_mod.ClusterSpec, svc: Service, request: Request) -> state.ClusterView:
+    audit.name_target(request.state, f"{spec.namespace}/{spec.name}")  # the path does not name it
     return svc.create(caller, spec)
 
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from raypod import state
 from raypod.controlplane import governance, identity
 from raypod.controlplane.plane import ControlPlane
+from raypod.server import audit
 from raypod.server.auth import CSRF_HEADER, Caller, check_same_origin, identities, session_cookie_name, session_id
 from raypod.server.routes import part
 
@@ -134,7 +135,7 @@ def login(request: Request, response: Response, ids: Identities, token: Annotate
     """Exchange an API token for a browser session (HttpOnly, Secure, SameSite=Strict cookie), bound to that
     token: revoking it ends the session. Only this server's own pages may post here (no login CSRF)."""
     check_same_origin(request)
-    principal = ids.authenticate_token(token.strip()[:512])
+    principal = audit.remember(request.state, ids.authenticate_token(token.strip()[:512]))
     session, csrf = ids.create_session(principal)
     response.set_cookie(
         session_cookie_name(request.url.scheme == "https"),
