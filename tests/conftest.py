@@ -120,6 +120,7 @@ STARTED_FIRST = (
     "tests/e2e/test_governance.py",
     "tests/e2e/test_serving.py",
     "tests/checkpoint/test_ray_train.py",
+    "tests/e2e/test_autoscaling.py",
 )
 
 

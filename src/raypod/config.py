@@ -202,6 +202,11 @@ class Settings:
     # read that disk (Kubernetes' pods). Unset: such a model is refused on those clusters.
     model_staging_url: str | None = None
     model_staging_options: dict[str, Any] = field(default_factory=dict)
+    # Where jobs' logs and records and deleted clusters' events are archived (RAYPOD_HISTORY_URL: any fsspec URL,
+    # options in RAYPOD_HISTORY_OPTIONS; default <home>/history), and for how long (RAYPOD_HISTORY_RETENTION_DAYS).
+    history_url: str | None = None
+    history_options: dict[str, Any] = field(default_factory=dict)
+    history_retention_days: float = 30.0
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -234,6 +239,9 @@ class Settings:
             "node_url": os.environ.get("RAYPOD_NODE_URL") or None,
             "model_staging_url": os.environ.get("RAYPOD_MODEL_STAGING_URL") or None,
             "model_staging_options": _json_env("RAYPOD_MODEL_STAGING_OPTIONS"),
+            "history_url": os.environ.get("RAYPOD_HISTORY_URL") or None,
+            "history_options": _json_env("RAYPOD_HISTORY_OPTIONS"),
+            "history_retention_days": _float_env("RAYPOD_HISTORY_RETENTION_DAYS", 30.0),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -60,13 +60,10 @@ def test_a_train_run_grows_the_cluster_within_quota_and_idle_nodes_go(server: Ra
     with server.client() as api:
         api.clusters.create(spec)
         api.clusters.wait_ready("grow", "auto", timeout=180)
-        # A task no node of any group can hold: reported once, never scaled for.
+        # A task no node of any group can hold: reported once, never scaled for. Meanwhile the unchanged
+        # two-worker Ray Train script on a one-worker cluster asks for a scale-up over the team's quota: it waits
+        # with its reason and the cluster keeps its size.
         impossible = api.jobs.submit("grow", spec_mod.JobSpec(entrypoint=f'python -c "{INFEASIBLE}"'), "auto")
-        wait_until(lambda: "InfeasibleDemand" in reasons(api, "grow", "auto"), "the infeasible demand reported", 60)
-        api.jobs.stop(impossible.id)
-
-        # The unchanged two-worker Ray Train script on a one-worker cluster: the scale-up it asks for is over the
-        # team's quota, so it waits with its reason and the cluster keeps its size.
         script = (SCRIPTS / "train_script.py").read_bytes()
         uri = api.jobs.upload_working_dir("grow", [("run/train_script.py", script)], "auto")
         job = api.jobs.submit(
@@ -78,6 +75,8 @@ def test_a_train_run_grows_the_cluster_within_quota_and_idle_nodes_go(server: Ra
             120,
         )
         assert "team auto is at its quota" in waiting[0].reason and waiting[0].placement_group, waiting
+        wait_until(lambda: "InfeasibleDemand" in reasons(api, "grow", "auto"), "the infeasible demand reported", 60)
+        api.jobs.stop(impossible.id)
         view = api.clusters.get("grow", "auto")
         assert view.pending_spec is not None and view.spec.group("cpu").replicas == 1
         shown = cli(server, "cluster", "get", "grow", "-n", "auto")

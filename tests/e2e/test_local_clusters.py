@@ -19,9 +19,11 @@ import psutil
 import pytest
 
 from raypod import errors, state
+from raypod import spec as spec_mod
 from raypod.backends import _ports
 from raypod.client import Client
 from tests.e2e.conftest import RaypodServer, cluster_processes, driver_env, run_driver
+from tests.e2e.test_gateway import run_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -226,11 +228,21 @@ def test_bad_input_is_refused_and_disturbs_nothing(
     assert len(api.clusters.events("e2e", limit=1000)) == events_before
 
 
-def test_a_second_cluster_coexists_and_deleting_clusters_leaves_nothing_behind(
+def test_a_second_cluster_coexists_and_deleting_clusters_leaves_nothing_behind_but_history(
     raypod_server: RaypodServer, api: Client, cluster: state.ClusterView
 ) -> None:
+    """...and the logs of its jobs, a finished one's and a running one's (as it was then), are read after the
+    deletion, with ``raypod job list --all`` finding them (docs/history.md)."""
     api.clusters.create({"name": "other", "head": {"object_store_memory": "100Mi", "memory": "512Mi"}})
     other = api.clusters.wait_ready("other", timeout=180)
+    done = api.jobs.submit("other", spec_mod.JobSpec(entrypoint="echo finished-job-line"))
+    forever = "python -u -c \"print('running-job-line'); import time; time.sleep(600)\""
+    running = api.jobs.submit("other", spec_mod.JobSpec(entrypoint=forever))
+    assert api.jobs.wait(done.id, timeout=120).status is state.JobStatus.SUCCEEDED
+    deadline = time.monotonic() + 120
+    while "running-job-line" not in api.jobs.logs(running.id):
+        assert time.monotonic() < deadline, "the running job never printed its first line"
+        time.sleep(0.2)
     first = api.clusters.get("e2e")
     assert other.status.endpoints["gcs"] != first.status.endpoints["gcs"]
     assert other.status.endpoints["dashboard"] != first.status.endpoints["dashboard"]
@@ -247,6 +259,14 @@ def test_a_second_cluster_coexists_and_deleting_clusters_leaves_nothing_behind(
     assert all(_ports.is_bindable(port) for port in ports)
     assert "Deleted" in reasons(api)
     assert not {"e2e", "other"} & {view.spec.name for view in api.clusters.list()}
+
+    assert "finished-job-line" in run_cli(raypod_server, "raypod", "job", "logs", done.id).stdout
+    assert "running-job-line" in run_cli(raypod_server, "raypod", "job", "logs", running.id).stdout
+    listed = run_cli(raypod_server, "raypod", "job", "list", "--all").stdout
+    for job in (done.id, running.id):
+        line = next((li for li in listed.splitlines() if job in li), "")
+        assert "default/other (deleted)" in line, listed
+    assert "Archived" in [event.reason for event in api.clusters.events("other")]
 
 
 def test_up_and_down_run_the_daemon_with_a_default_cluster(tmp_path: Path) -> None:

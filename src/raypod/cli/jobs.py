@@ -95,20 +95,36 @@ def submit(
 
 @app.command("list")
 def list_(
-    cluster: Annotated[str, typer.Option("--cluster", "-c")],
+    cluster: Annotated[str | None, typer.Option("--cluster", "-c")] = None,
     namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+    every: Annotated[
+        bool, typer.Option("--all", help="Every cluster you may view (-n narrows it), deleted clusters' included.")
+    ] = False,
     fmt: OutputOpt = Format.TABLE,
 ) -> None:
     """Every job of a cluster: submitted with raypod or with plain Ray tooling (``via``), and by whom (``by``)."""
-    found = cluster_cli.client().jobs.list(cluster, namespace)
+    api = cluster_cli.client()
+    if every:
+        found = api.jobs.list_all(namespace if namespace != "default" or cluster else None)
+        if cluster:
+            found = [job for job in found if job.cluster == cluster]
+    elif cluster is None:
+        raise errors.InvalidSpec("pass --cluster NAME, or --all for every cluster's jobs")
+    else:
+        found = api.jobs.list(cluster, namespace)
     if fmt is not Format.TABLE:
         output.emit_data(found, fmt)
         return
+    existing = {(v.spec.namespace, v.spec.name) for v in api.clusters.list()} if every else set()
     for job in found:
         # Ray's submission id too: plain Ray users know their job by it, and get|logs|stop take either.
         ray_id = job.attempts[-1].submission_id if job.attempts else "-"
+        where = ""
+        if every:
+            gone = "" if (job.namespace, job.cluster) in existing else " (deleted)"
+            where = f"{job.namespace}/{job.cluster}{gone}  "
         output.console.print(
-            f"{job.id}  ray={ray_id:<26} {job.status.value:<10} via={job.submitted_via.value:<6} "
+            f"{job.id}  {where}ray={ray_id:<26} {job.status.value:<10} via={job.submitted_via.value:<6} "
             f"by={job.owner or '-':<12} attempts={len(job.attempts)}  {job.spec.entrypoint[:60]}"
         )
 

@@ -33,6 +33,13 @@ class Jobs:
             state.JobView.model_validate(j) for j in self._t.request("GET", namespaced_path(namespace, cluster, "jobs"))
         ]
 
+    def list_all(self, namespace: str | None = None, limit: int = 500) -> builtins.list[state.JobView]:
+        """The newest jobs of every cluster the caller may view (of ``namespace``), deleted clusters' included."""
+        params: dict[str, Any] = {"limit": limit}
+        if namespace is not None:
+            params["namespace"] = namespace
+        return [state.JobView.model_validate(j) for j in self._t.request("GET", "/api/v1/jobs", params=params)]
+
     def get(self, job_id: str) -> state.JobView:
         return state.JobView.model_validate(self._t.request("GET", f"/api/v1/jobs/{checked_job_id(job_id)}"))
 

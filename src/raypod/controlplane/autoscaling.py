@@ -15,6 +15,7 @@ from raypod.controlplane.clusters import ClusterService
 log = logging.getLogger(__name__)
 
 HEAD = "head"
+MAX_INFEASIBLE_REPORTED = 64  # shapes per cluster: a program that asks for ever new ones is not an event flood
 
 
 class Autoscaler:
@@ -27,7 +28,7 @@ class Autoscaler:
         self.store = clusters.store
         self.backend = clusters.backend
         self._failing: set[str] = set()
-        self._infeasible: dict[str, set[tuple[tuple[tuple[str, float], ...], int, bool]]] = {}
+        self._infeasible: dict[str, set[tuple[tuple[tuple[str, float], ...], bool]]] = {}
 
     def applies_to(self, view: state.ClusterView) -> bool:
         features = self.backend.features
@@ -93,15 +94,17 @@ class Autoscaler:
         return waits
 
     def _report_infeasible(self, view: state.ClusterView, decision: scaler.Decision) -> None:
-        """Once for each demand no node of any group could ever hold: it is not scaled for."""
+        """Once for each demand no node of any group could ever hold (while the cluster lives, however often it
+        comes and goes in Ray's reports): it is not scaled for."""
         seen = self._infeasible.setdefault(view.uid, set())
-        now = {(d.shape, d.count, d.placement_group) for d in decision.infeasible}
         for demand in decision.infeasible:
-            if (demand.shape, demand.count, demand.placement_group) not in seen:
-                groups = ", ".join(f"{g.name} ({g.cpus} CPU, {g.gpus} GPU)" for g in view.spec.worker_groups)
-                message = f"{demand.describe()}: no node of any group can hold it (groups: {groups}); not scaled for"
-                self._record(view, state.EventType.WARNING, "InfeasibleDemand", message[:2000])
-        self._infeasible[view.uid] = now
+            key = (demand.shape, demand.placement_group)
+            if key in seen or len(seen) >= MAX_INFEASIBLE_REPORTED:
+                continue
+            seen.add(key)
+            groups = ", ".join(f"{g.name} ({g.cpus} CPU, {g.gpus} GPU)" for g in view.spec.worker_groups)
+            message = f"{demand.describe()}: no node of any group can hold it (groups: {groups}); not scaled for"
+            self._record(view, state.EventType.WARNING, "InfeasibleDemand", message[:2000])
 
     def _record(self, view: state.ClusterView, kind: state.EventType, reason: str, message: str) -> None:
         self.store.record(view, kind, reason, message)

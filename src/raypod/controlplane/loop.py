@@ -53,6 +53,9 @@ class Reconciler:
         # Autoscaling: resizes a cluster from its Ray's demand (a request like a user's scale) and says what waits.
         self.autoscale: Callable[[state.ClusterView, state.ObservedCluster], state.AutoscalingStatus | None] | None
         self.autoscale = None
+        # History: archives a deleted cluster's jobs' logs and events before its nodes stop (once per deletion).
+        self.before_delete: Callable[[state.ClusterView], None] | None = None
+        self._archived: set[str] = set()
         self._wake = threading.Event()
         # Clusters whose spec changed (the API says which): reconciled before the rest of a pass, so a user's change
         # is acted on in milliseconds however many clusters a pass sweeps.
@@ -149,6 +152,15 @@ class Reconciler:
 
     def reconcile(self, view: state.ClusterView) -> bool:
         """One pass for one cluster; return whether it is settled."""
+        if view.deleting and self.before_delete is not None and view.uid not in self._archived:
+            self._archived.add(view.uid)
+            try:
+                self.before_delete(view)
+                self._record(view, state.EventType.NORMAL, "Archived", "its jobs' logs and its events are kept", None)
+            except Exception as exc:  # the deletion goes on: what could not be archived is said
+                log.exception("archiving %s/%s failed", view.spec.namespace, view.spec.name)
+                message = f"history not kept: {exc}"[:2000]
+                self._record(view, state.EventType.WARNING, "ArchiveIncomplete", message, None)
         applied = True
         if base.Feature.DECLARATIVE in self.backend.features:
             try:
@@ -202,6 +214,7 @@ class Reconciler:
 
         outcomes = execute.execute(self._with_addons(view.uid, planned), self.backend, view.uid, record)
         if any(isinstance(o.action, actions.ReleaseCluster) and o.error is None for o in outcomes):
+            self._archived.discard(view.uid)
             self.store.remove(view.uid)
             self.health.forget(view.uid)
             self._quiet.pop(view.uid, None)

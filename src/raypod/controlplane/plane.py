@@ -18,6 +18,7 @@ from raypod.controlplane.autoscaling import Autoscaler
 from raypod.controlplane.clusters import ClusterService
 from raypod.controlplane.governance import GovernanceService
 from raypod.controlplane.hangwatch import AgentReports, HangCollector
+from raypod.controlplane.history import History
 from raypod.controlplane.identity import IdentityService
 from raypod.controlplane.jobs import JobService, JobSupervisor
 from raypod.controlplane.serving import ModelCatalog, ServingApplier, ServingService
@@ -91,6 +92,12 @@ class ControlPlane:
         supervisor = JobSupervisor(job_service, interval_s=side_interval_s)
         job_service.wake = supervisor.wake
         job_service.addons_of = reconciler.addons_of
+        job_service.history = History(
+            settings.history_url or str(settings.home / "history"),
+            settings.history_options,
+            settings.history_retention_days,
+        )
+        reconciler.before_delete = job_service.archive_cluster
         serving = ServingService(
             clusters,
             ModelCatalog(db, settings.outbound),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import logging
 import os
 import secrets
 import shutil
@@ -17,8 +18,11 @@ from raypod.backends import base, ray_jobs
 from raypod.backends.kuberay import manifests
 from raypod.controlplane import capacity, identity, store
 from raypod.controlplane.clusters import ClusterService
+from raypod.controlplane.history import History
 from raypod.controlplane.jobs import packaging
 from raypod.controlplane.store.jobs import JobRecords
+
+log = logging.getLogger(__name__)
 
 
 class JobService:
@@ -35,6 +39,7 @@ class JobService:
         # What the capabilities add to a cluster's nodes (a RayJob's cluster gets the same); the control plane sets
         # it to the reconciler's.
         self.addons_of: Callable[[str], Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None] = lambda uid: None
+        self.history: History | None = None  # where finished attempts' logs outlive the cluster
 
     def submit(self, caller: identity.Principal, namespace: str, cluster: str, spec: spec_mod.JobSpec) -> state.JobView:
         """Store the job as PENDING; the supervisor submits it to Ray (its first attempt) on its next pass, which
@@ -141,6 +146,11 @@ class JobService:
             self.wake()
 
     def logs(self, caller: identity.Principal, job_id: str, attempt: int | None = None) -> str:
+        """An attempt's driver log: from history once the attempt is over (also after its cluster is deleted),
+        else from the cluster's Ray.
+
+        Raises:
+            NotFound: no such job or attempt; or its cluster is gone and its log was never archived."""
         job = self.get(caller, job_id)
         if not job.attempts:
             return ""
@@ -149,8 +159,57 @@ class JobService:
             raise errors.NotFound(f"job {job_id} has attempts 1..{len(job.attempts)}, not {index}")
         if job.spec.as_rayjob:
             return f"a RayJob's logs are in its submitter pod: kubectl -n {job.namespace} logs job/{job.id}\n"
-        view = self.clusters.store.get(job.namespace, job.cluster)
+        archived = self.history.attempt_logs(job, index) if self.history is not None else None
+        if archived is not None:
+            return archived
+        try:
+            view = self.clusters.store.get(job.namespace, job.cluster)
+        except errors.NotFound:
+            raise errors.NotFound(
+                f"job {job_id}: cluster {job.namespace}/{job.cluster} is deleted and this attempt's log was not "
+                "archived (it ended before history was kept, or the archive could not be written)"
+            ) from None
         return self.api(view).logs(job.attempts[index - 1].submission_id)
+
+    def search(
+        self, caller: identity.Principal, namespace: str | None = None, limit: int = 500
+    ) -> builtins.list[state.JobView]:
+        """The newest jobs of every cluster the caller may view, deleted clusters' included, oldest first."""
+        if namespace is not None:
+            self.clusters.authorize(caller, identity.Verb.VIEW, namespace)
+            namespaces: set[str] | None = {namespace}
+        elif caller.is_admin:
+            namespaces = None
+        else:
+            visible = self.clusters.identities.list_namespaces()
+            namespaces = {ns.name for ns in visible if ns.team in caller.teams}
+        return self.records.search(namespaces, limit)
+
+    def archive_attempt(self, view: state.ClusterView, job: state.JobView, attempt: int) -> None:
+        """Keep a finished attempt's driver log and the job's record (the supervisor, as the attempt ends)."""
+        if self.history is None or job.spec.as_rayjob:
+            return
+        logs = self.api(view, while_deleting=True).logs(job.attempts[attempt - 1].submission_id)
+        self.history.save_attempt(view.uid, job, attempt, logs)
+
+    def archive_cluster(self, view: state.ClusterView) -> None:
+        """Before a deleted cluster's nodes stop (the reconciler): every attempt's log not archived yet, while its
+        Ray still answers, then the cluster's events and last view. An attempt whose log cannot be read is left
+        out; the rest is kept."""
+        if self.history is None:
+            return
+        jobs = self.records.of_cluster(view.spec.namespace, view.spec.name)
+        for job in jobs:
+            for index in range(1, len(job.attempts) + 1):
+                if job.spec.as_rayjob or self.history.has_attempt(view.uid, job, index):
+                    continue
+                try:
+                    self.archive_attempt(view, job, index)
+                except errors.RaypodError as exc:
+                    log.warning("job %s attempt %d: log not archived: %s", job.id, index, exc.message)
+        events = self.clusters.store.events(view.spec.namespace, view.spec.name, 10_000)
+        self.history.save_cluster(view, events, jobs)
+        self.history.prune()
 
     def upload_working_dir(
         self,
@@ -240,9 +299,10 @@ class JobService:
         job.attempts.append(state.Attempt(submission_id=submission_id, submitted_at=store.now()))
         job.status, job.next_attempt_at = state.JobStatus.PENDING, None
 
-    def api(self, view: state.ClusterView) -> ray_jobs.RayJobApi:
-        """Raises Conflict while the cluster has no running dashboard."""
+    def api(self, view: state.ClusterView, *, while_deleting: bool = False) -> ray_jobs.RayJobApi:
+        """Raises Conflict while the cluster has no running dashboard (or is being deleted, unless
+        ``while_deleting``: history reads its jobs' logs before its nodes stop)."""
         url = view.status.endpoints.get("dashboard")
-        if not url or view.deleting:
+        if not url or (view.deleting and not while_deleting):
             raise errors.Conflict(f"cluster {view.spec.namespace}/{view.spec.name} has no running dashboard yet")
         return self.clusters.backend.job_api(view.uid, url)

@@ -121,6 +121,11 @@ class JobSupervisor(Periodic):
             self._preempted(view, job, current)
             return
         current.status, current.message = str(info.get("status", "")), str(info.get("message") or "")[:500]
+        if current.status in ("SUCCEEDED", "FAILED", "STOPPED"):
+            try:  # its log outlives the cluster; the attempt's end is recorded whether or not this works
+                self.jobs.archive_attempt(view, job, len(job.attempts))
+            except errors.RaypodError as exc:
+                log.warning("job %s: attempt %d's log not archived: %s", job.id, len(job.attempts), exc.message)
         decision, when = retry.decide(job, current.status, now)
         if decision is retry.Decision.WAIT:
             status = state.JobStatus.RUNNING if current.status == "RUNNING" else state.JobStatus.PENDING

@@ -44,6 +44,15 @@ class JobRecords:
         with self.engine.connect() as connection:
             return [_view(row) for row in connection.execute(query)]
 
+    def search(self, namespaces: set[str] | None, limit: int) -> list[state.JobView]:
+        """The newest ``limit`` jobs of ``namespaces`` (None: every one), whether their cluster exists or not."""
+        query = jobs.select()
+        if namespaces is not None:
+            query = query.where(jobs.c.namespace.in_(sorted(namespaces)))
+        with self.engine.connect() as connection:
+            rows = connection.execute(query.order_by(jobs.c.created_at.desc()).limit(limit)).all()
+        return [_view(row) for row in reversed(rows)]
+
     def active(self) -> list[state.JobView]:
         query = jobs.select().where(jobs.c.status.not_in([s.value for s in state.FINISHED_JOB_STATUSES]))
         with self.engine.connect() as connection:

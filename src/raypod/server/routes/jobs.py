@@ -88,6 +88,17 @@ def list_jobs(caller: Caller, namespace: NamePath, name: NamePath, svc: Service)
     return svc.list(caller, namespace, name)
 
 
+@router.get("/jobs")
+def search_jobs(
+    caller: Caller,
+    svc: Service,
+    namespace: Annotated[str | None, Query(max_length=63)] = None,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+) -> list[state.JobView]:
+    """The newest jobs of every cluster the caller may view, those of deleted clusters included."""
+    return svc.search(caller, namespace, limit)
+
+
 @router.get("/jobs/{job_id}")
 def get_job(caller: Caller, job_id: JobIdPath, svc: Service) -> state.JobView:
     return svc.get(caller, job_id)

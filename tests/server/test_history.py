@@ -1,0 +1,97 @@
+"""History in-process (fake backend and its in-memory Ray job API): a finished attempt's log is archived as it
+ends, a running one's before the cluster's nodes stop, and both are read after the cluster is deleted; the jobs of
+a deleted cluster are listed; its events and last view are kept; retention prunes old clusters.
+Real Ray is in tests/e2e/test_history.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from raypod.controlplane.history import History
+from tests.server.conftest import wait_ready
+
+DEMO = {"name": "demo", "worker_groups": [{"name": "cpu", "replicas": 1}]}
+PATH = "/api/v1/namespaces/default/clusters/demo"
+
+
+def eventually(check: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return found
+
+
+def test_logs_outlive_the_cluster(client: TestClient, admin: dict[str, str], tmp_path: Path) -> None:
+    uid = client.post("/api/v1/clusters", json=DEMO, headers=admin).json()["uid"]
+    wait_ready(client, admin, "default", "demo")
+    done = client.post(f"{PATH}/jobs", json={"entrypoint": "python done.py"}, headers=admin).json()["id"]
+    running = client.post(f"{PATH}/jobs", json={"entrypoint": "python run.py"}, headers=admin).json()["id"]
+
+    def submission(job: str) -> str:
+        attempts = client.get(f"/api/v1/jobs/{job}", headers=admin).json()["attempts"]
+        return str(attempts[-1]["submission_id"]) if attempts else ""
+
+    first = eventually(lambda: submission(done), "the first job submitted")
+    second = eventually(lambda: submission(running), "the second job submitted")
+    backend = client.app.state.control_plane.backend  # type: ignore[attr-defined]
+    backend.ray_jobs[uid][first]["status"] = "SUCCEEDED"
+    eventually(
+        lambda: client.get(f"/api/v1/jobs/{done}", headers=admin).json()["status"] == "SUCCEEDED", "the job's end"
+    )
+    archive = tmp_path / "history" / "default" / "demo" / uid
+    assert (archive / "jobs" / done / "1.log").read_text() == f"logs of {first}\n"  # as it ended
+    assert not (archive / "jobs" / running).exists()
+
+    client.delete(PATH, headers=admin).raise_for_status()
+    eventually(lambda: client.get(PATH, headers=admin).status_code == 404, "the cluster gone")
+    assert client.get(f"/api/v1/jobs/{done}/logs", headers=admin).json()["logs"] == f"logs of {first}\n"
+    # the running one's, as it was before the nodes stopped
+    assert client.get(f"/api/v1/jobs/{running}/logs", headers=admin).json()["logs"] == f"logs of {second}\n"
+    listed = [job["id"] for job in client.get("/api/v1/jobs", headers=admin).json()]
+    assert listed == [done, running]
+    kept = json.loads((archive / "cluster.json").read_text())
+    assert kept["view"]["uid"] == uid and sorted(kept["jobs"]) == sorted([done, running])
+    assert "DeletionRequested" in [event["reason"] for event in kept["events"]]
+    events = client.get(f"{PATH}/events", headers=admin).json()
+    assert "Archived" in [event["reason"] for event in events]
+
+
+def test_a_job_of_a_deleted_cluster_without_an_archive_says_why(client: TestClient, admin: dict[str, str]) -> None:
+    client.post("/api/v1/clusters", json=DEMO, headers=admin).raise_for_status()
+    wait_ready(client, admin, "default", "demo")
+    job = client.post(f"{PATH}/jobs", json={"entrypoint": "python x.py"}, headers=admin).json()["id"]
+    eventually(lambda: client.get(f"/api/v1/jobs/{job}", headers=admin).json()["attempts"], "the job submitted")
+    client.app.state.control_plane.jobs.history = None  # type: ignore[attr-defined]
+    client.delete(PATH, headers=admin).raise_for_status()
+    eventually(lambda: client.get(PATH, headers=admin).status_code == 404, "the cluster gone")
+    answer = client.get(f"/api/v1/jobs/{job}/logs", headers=admin)
+    assert answer.status_code == 404 and "was not archived" in answer.json()["message"]
+
+
+def test_only_the_callers_namespaces_are_listed(client: TestClient, admin: dict[str, str]) -> None:
+    from tests.server.conftest import make_user
+
+    alice = make_user(client, admin, "alice", "ml")
+    client.post("/api/v1/clusters", json=DEMO, headers=admin).raise_for_status()
+    wait_ready(client, admin, "default", "demo")
+    client.post(f"{PATH}/jobs", json={"entrypoint": "python x.py"}, headers=admin).raise_for_status()
+    assert client.get("/api/v1/jobs", headers=alice).json() == []
+    assert client.get("/api/v1/jobs", params={"namespace": "default"}, headers=alice).status_code == 403
+    assert len(client.get("/api/v1/jobs", headers=admin).json()) == 1
+
+
+def test_retention_prunes_clusters_deleted_long_ago(tmp_path: Path) -> None:
+    history = History(str(tmp_path / "h"), retention_days=1)
+    for uid, archived_at in (("old", "2000-01-01T00:00:00+00:00"), ("new", "2999-01-01T00:00:00+00:00")):
+        folder = tmp_path / "h" / "default" / "demo" / uid
+        folder.mkdir(parents=True)
+        (folder / "cluster.json").write_text(json.dumps({"archived_at": archived_at}))
+    assert history.prune(every_s=0) == 1
+    assert sorted(p.name for p in (tmp_path / "h" / "default" / "demo").iterdir()) == ["new"]
