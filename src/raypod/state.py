@@ -38,6 +38,7 @@ class ClusterPhase(StrEnum):
     DEGRADED = "Degraded"
     DELETING = "Deleting"
     QUEUED = "Queued"  # governance: waiting for its team's quota or the pool (no node runs)
+    SUSPENDED = "Suspended"  # idle for its suspend_after_idle_s: no node runs until it is resumed
     FAILED = "Failed"
     UNKNOWN = "Unknown"  # raypod cannot observe the cluster right now (its GCS does not answer)
 
@@ -190,6 +191,13 @@ class ClusterView(BaseModel):
     )
     pending_reason: str = ""
     pending_since: datetime | None = None
+    suspended_at: datetime | None = Field(
+        None, description="Suspended (idle): no node runs and no quota is held until it is resumed."
+    )
+
+    @property
+    def suspended(self) -> bool:
+        return self.suspended_at is not None
 
 
 # -- jobs ----------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """A cluster that grows from Ray's own demand and shrinks when its nodes idle, with a real raypod server, real Ray
 nodes and an unchanged Ray Train script: the scale-up waits for quota with its reason and goes on when quota frees,
-a demand no node can ever hold is reported once and not scaled for, and idle nodes go after ``idle_timeout_s``."""
+a demand no node can ever hold is reported once and not scaled for, idle nodes go after ``idle_timeout_s``, and the
+idle cluster is suspended after ``suspend_after_idle_s`` and brought back by a submitted job."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 SCRIPTS = Path(__file__).parent / "scripts"
 SMALL = {"memory": "512Mi", "object_store_memory": "80Mi"}
 IDLE_TIMEOUT_S = 3
+SUSPEND_AFTER_S = 12
 INFEASIBLE = "import ray, time; ray.init(); ray.remote(num_cpus=64)(lambda: 1).remote(); time.sleep(600)"
 
 
@@ -56,6 +58,7 @@ def test_a_train_run_grows_the_cluster_within_quota_and_idle_nodes_go(server: Ra
         "head": {"cpus": 0, **SMALL},
         "worker_groups": [{"name": "cpu", "replicas": 1, "min_replicas": 1, "max_replicas": 2, "cpus": 1, **SMALL}],
         "autoscaling": {"idle_timeout_s": IDLE_TIMEOUT_S},
+        "suspend_after_idle_s": SUSPEND_AFTER_S,
     }
     with server.client() as api:
         api.clusters.create(spec)
@@ -106,3 +109,17 @@ def test_a_train_run_grows_the_cluster_within_quota_and_idle_nodes_go(server: Ra
         assert reasons(api, "grow", "auto").count("InfeasibleDemand") == 1
         usage = json.loads(cli(server, "quota", "get", "auto", "-o", "json"))
         assert usage["usage"]["cpus"] == 1, usage
+
+        # With nothing running for suspend_after_idle_s the cluster is suspended: no node, no quota held; a job
+        # submitted to it brings it back and runs.
+        suspended = wait_until(
+            lambda: api.clusters.get("grow", "auto").status.phase is state.ClusterPhase.SUSPENDED, "suspension", 90
+        )
+        assert suspended
+        wait_until(lambda: not api.clusters.get("grow", "auto").status.nodes, "every node stopped", 60)
+        usage = json.loads(cli(server, "quota", "get", "auto", "-o", "json"))
+        assert usage["usage"].get("cpus", 0) == 0, usage
+        again = api.jobs.submit("grow", spec_mod.JobSpec(entrypoint="echo back-again"), "auto")
+        assert api.jobs.wait(again.id, timeout=180).status is state.JobStatus.SUCCEEDED
+        assert "back-again" in api.jobs.logs(again.id)
+        assert {"Suspended", "Resumed"} <= set(reasons(api, "grow", "auto"))

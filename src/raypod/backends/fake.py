@@ -59,6 +59,7 @@ class FakeBackend(base.NodesFollowActions):
         self.addon_roots: dict[str, dict[str, Path]] = {}
         self.resource_states: dict[str, bytes] = {}  # cluster id -> what ``resource_state`` answers
         self.resource_state_error: Exception | None = None
+        self.actors: dict[str, list[dict[str, Any]]] = {}  # cluster id -> live actors its Ray's state API lists
         self._job_http = httpx.Client(transport=httpx.MockTransport(self._answer_job_api))
         self._listener: Callable[[str], None] = lambda cluster_id: None
 
@@ -243,6 +244,9 @@ class FakeBackend(base.NodesFollowActions):
                 return httpx.Response(200, json={"submission_id": body["submission_id"]})
             if path == "api/jobs/":
                 return httpx.Response(200, json=list(found.values()))
+            if path == "api/v0/actors":
+                actors = self.actors.get(cluster_id, [])
+                return httpx.Response(200, json={"data": {"result": {"result": actors}}})
             parts = path.removeprefix("api/jobs/").split("/")
             job = found.get(parts[0])
             if job is None:

@@ -7,6 +7,7 @@ raypod authenticates to it.
 
 from __future__ import annotations
 
+import builtins
 from typing import Any, BinaryIO
 
 import httpx
@@ -29,6 +30,13 @@ class RayJobApi:
     def list(self) -> list[dict[str, Any]]:
         found = self._call("GET", "/api/jobs/")
         return found if isinstance(found, list) else []
+
+    def alive_actors(self, limit: int = 1000) -> builtins.list[dict[str, Any]]:
+        """The cluster's live actors as Ray's state API lists them (``class_name``, ``ray_namespace``, ``name``)."""
+        params = {"filter_keys": "state", "filter_predicates": "=", "filter_values": "ALIVE", "detail": "false"}
+        found = _object(self._call("GET", "/api/v0/actors", params={**params, "limit": limit}))
+        result = found.get("data", {}).get("result", {}).get("result", [])
+        return [actor for actor in result if isinstance(actor, dict)] if isinstance(result, list) else []
 
     def stop(self, submission_id: str) -> dict[str, Any]:
         return _object(self._call("POST", f"/api/jobs/{submission_id}/stop"))

@@ -150,6 +150,22 @@ def scale(
 
 
 @app.command()
+def resume(
+    name: str,
+    namespace: NamespaceOpt = "default",
+    fmt: OutputOpt = Format.TABLE,
+    wait: WaitOpt = True,
+    timeout: TimeoutOpt = 300.0,
+) -> None:
+    """Bring a suspended cluster back: its nodes start again (it waits in the queue when its team is at its quota)."""
+    api = client()
+    view = api.clusters.resume(name, namespace)
+    if wait and not view.queued:
+        view = wait_with_progress(api, name, namespace, view.status.desired_nodes, timeout)
+    output.render_cluster(view, fmt)
+
+
+@app.command()
 def delete(name: str, namespace: NamespaceOpt = "default", wait: WaitOpt = True, timeout: TimeoutOpt = 120.0) -> None:
     """Delete a cluster: every process it started stops and its ports are freed."""
     api = client()

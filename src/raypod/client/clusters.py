@@ -37,6 +37,10 @@ class Clusters:
         )
         return state.ClusterView.model_validate(payload)
 
+    def resume(self, name: str, namespace: str = "default") -> state.ClusterView:
+        """Bring a suspended cluster back (it queues when its team is at its quota)."""
+        return state.ClusterView.model_validate(self._t.request("POST", namespaced_path(namespace, name, "resume")))
+
     def delete(self, name: str, namespace: str = "default") -> state.ClusterView:
         return state.ClusterView.model_validate(self._t.request("DELETE", namespaced_path(namespace, name)))
 

@@ -172,6 +172,39 @@ class ClusterService:
         self.wake(view.uid)
         return None
 
+    def suspend(self, view: state.ClusterView, why: str) -> None:
+        """Suspend an idle cluster (the loop's idle suspension): its nodes stop, its quota is given back at once,
+        its spec and files stay. ``resume`` brings it back."""
+        self.store.set_suspended(view.uid, True)
+        message = f"suspended: {why}; `raypod cluster resume {view.spec.name}` or a submitted job brings it back"
+        self.store.record(view, state.EventType.NORMAL, "Suspended", message)
+        self.wake(view.uid)
+
+    def resume(self, caller: Principal, namespace: str, name: str) -> state.ClusterView:
+        """Bring a suspended cluster back: admitted as a new cluster would be (it queues with its reason when its
+        team is at its quota). Resuming a cluster that is not suspended does nothing.
+
+        Raises:
+            NotFound, Forbidden, Conflict (being deleted), QuotaExceeded (the team rejects work beyond its quota).
+        """
+        view = self.get(caller, namespace, name, Verb.OPERATE)
+        if view.deleting:
+            raise errors.Conflict(f"cluster '{name}' is being deleted")
+        if not view.suspended:
+            return view
+        self.check_capacity(view.spec, excluding=view.uid)
+        waits, reason = self.governance.on_create(view.spec, caller) if self.governance is not None else (False, "")
+        self.store.set_suspended(view.uid, False)
+        if waits:
+            self.store.set_queued(view.uid, True, reason)
+            message = f"{caller.user} resumed it; it waits: {reason}"
+            self.store.record(view, state.EventType.NORMAL, "ResumeQueued", message)
+        else:
+            self.store.set_queued(view.uid, False, reason)
+            self.store.record(view, state.EventType.NORMAL, "Resumed", f"{caller.user} resumed it")
+        self.wake(view.uid)
+        return self.store.get(namespace, name)
+
     def delete(self, caller: Principal, namespace: str, name: str) -> state.ClusterView:
         """Ask the loop to stop every node of the cluster and forget it. Deleting twice is harmless.
 

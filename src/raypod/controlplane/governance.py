@@ -399,7 +399,7 @@ class GovernanceService:
         """Queued clusters, and running clusters' scale-ups that wait (ids ``<uid>/scale``, the extra they ask)."""
         found = []
         for view in views:
-            if view.deleting:
+            if view.deleting or view.suspended:
                 continue
             if view.queued:
                 found.append(self._workload(view, teams))
@@ -421,7 +421,7 @@ class GovernanceService:
         return [
             admission.Running(self._workload(v, teams), borrowed=v.queue_reason == BORROWED)
             for v in views
-            if not v.queued
+            if not v.queued and not v.suspended
         ]
 
     def _quota_views(self) -> builtins.list[state.QuotaView]:
@@ -436,7 +436,7 @@ class GovernanceService:
             if view.queued or (view.pending_spec is not None and not view.deleting):
                 for key in keys:
                     queued[key] = queued.get(key, 0) + (0 if view.deleting else 1)
-            if view.queued:
+            if view.queued or view.suspended:
                 continue  # a cluster being deleted holds its nodes until they are gone: it counts below
             demand = self.demand(view.spec)
             for key in keys:

@@ -55,6 +55,8 @@ class Reconciler:
         self.autoscale = None
         # History: archives a deleted cluster's jobs' logs and events before its nodes stop (once per deletion).
         self.before_delete: Callable[[state.ClusterView], None] | None = None
+        # Idle suspension: suspends a cluster that has had nothing running for its suspend_after_idle_s.
+        self.suspend_idle: Callable[[state.ClusterView, state.ObservedCluster], None] | None = None
         self._archived: set[str] = set()
         self._wake = threading.Event()
         # Clusters whose spec changed (the API says which): reconciled before the rest of a pass, so a user's change
@@ -166,7 +168,10 @@ class Reconciler:
             try:
                 # A queued cluster has no object on the backend: KubeRay would start its pods.
                 self.backend.apply(
-                    view.uid, view.spec, deleting=view.deleting or view.queued, node_addons=self.addons_of(view.uid)
+                    view.uid,
+                    view.spec,
+                    deleting=view.deleting or view.queued or view.suspended,
+                    node_addons=self.addons_of(view.uid),
                 )
             except errors.RaypodError as exc:  # observed all the same: what cannot be seen shows as unknown
                 self._record(view, state.EventType.WARNING, "FailedToApply", exc.message[:2000], None)
@@ -176,6 +181,8 @@ class Reconciler:
         for transition in transitions:
             self._record_health(view, transition)
         scaling = self.autoscale(view, observed) if self.autoscale is not None else None
+        if self.suspend_idle is not None:
+            self.suspend_idle(view, observed)
         quiet = self._quiet.get(view.uid)
         if (
             quiet is not None
@@ -189,7 +196,7 @@ class Reconciler:
             return True  # nothing changed since a pass found it settled: at fleet scale most clusters, most passes
         self._quiet.pop(view.uid, None)
         recovery = self._recovery(view, observed, healths)
-        parked = view.queued and not view.deleting
+        parked = (view.queued or view.suspended) and not view.deleting
         if parked:
             planned = plan.park(
                 observed,
@@ -239,7 +246,10 @@ class Reconciler:
             cordoned=recovery.cordoned,
             held_groups=recovery.held_groups,
         )
-        if parked:
+        if parked and view.suspended:
+            message = "suspended while idle: `raypod cluster resume` or a submitted job brings it back"
+            derived = derived.model_copy(update={"phase": state.ClusterPhase.SUSPENDED, "message": message})
+        elif parked:
             derived = derived.model_copy(
                 update={"phase": state.ClusterPhase.QUEUED, "message": f"queued: {view.queue_reason}"}
             )

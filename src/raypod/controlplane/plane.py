@@ -24,6 +24,7 @@ from raypod.controlplane.jobs import JobService, JobSupervisor
 from raypod.controlplane.serving import ModelCatalog, ServingApplier, ServingService
 from raypod.controlplane.spaces import SpaceService
 from raypod.controlplane.store import Store
+from raypod.controlplane.suspension import IdleSuspender
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ class ControlPlane:
             settings.history_retention_days,
         )
         reconciler.before_delete = job_service.archive_cluster
+        reconciler.suspend_idle = IdleSuspender(clusters, job_service.api).step
         serving = ServingService(
             clusters,
             ModelCatalog(db, settings.outbound),

@@ -232,6 +232,12 @@ class ClusterSpec(Strict):
     autoscaling: AutoscalingSpec | None = Field(
         None, description="Scale the groups whose min_replicas < max_replicas from Ray's demand (KubeRay's autoscaler)."
     )
+    suspend_after_idle_s: int | None = Field(
+        None,
+        ge=1,
+        le=30 * 24 * 3600,
+        description="Suspend the cluster (stop every node, give its quota back) after this long with nothing running.",
+    )
     priority: str = Field(
         "normal",
         max_length=63,

@@ -53,11 +53,15 @@ def resource_state(
     gang: int = 0,
     gang_cpus: float = 1.0,
 ) -> bytes:
-    """The head (no CPU) and each named worker (1 CPU, free unless ``busy``, idle for ``idle_s``), with ``tasks``
+    """The head (no CPU; idle when ``idle_s`` names it) and each named worker (1 CPU, free unless ``busy``, idle for
+    ``idle_s``), with ``tasks``
     (a shape, a count) and a placement group of ``gang`` bundles waiting."""
     found = pb.ClusterResourceState()
-    head = found.node_states.add(node_id=node_id("head"), status=pb.NodeStatus.RUNNING)
+    head_idle_ms = int((idle_s or {}).get("head", 0) * 1000)
+    head_status = pb.NodeStatus.IDLE if head_idle_ms else pb.NodeStatus.RUNNING
+    head = found.node_states.add(node_id=node_id("head"), status=head_status, idle_duration_ms=head_idle_ms)
     head.total_resources.update({"memory": 2.0**30, "node:__internal_head__": 1.0})
+    head.available_resources.update({"memory": 2.0**30, "node:__internal_head__": 1.0})
     for name, is_busy in (busy or {}).items():
         idle_ms = int((idle_s or {}).get(name, 0) * 1000)
         status = pb.NodeStatus.RUNNING if is_busy else pb.NodeStatus.IDLE

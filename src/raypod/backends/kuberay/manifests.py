@@ -72,6 +72,8 @@ def raycluster(
     # Ray's token authentication on every Ray port (KubeRay >= 1.5.1 sets RAY_AUTH_MODE and RAY_AUTH_TOKEN in each
     # container). The Secret is raypod's own, so that its gateway can present the token.
     body["authOptions"] = {"mode": "token", "secretName": auth_secret_name(spec.name)}
+    if spec.suspend_after_idle_s is not None:
+        metadata.setdefault("annotations", {})[_SUSPEND_ANNOTATION] = str(spec.suspend_after_idle_s)
     if spec.autoscaling is not None:
         body["autoscalerOptions"] = {
             "idleTimeoutSeconds": spec.autoscaling.idle_timeout_s,
@@ -233,6 +235,7 @@ _HANGWATCH_ANNOTATION = "raypod.io/hangwatch"
 _PRIORITY_ANNOTATION = "raypod.io/priority"
 _SPACES_ANNOTATION = "raypod.io/spaces"  # the workspaces, whose worker groups raypod renders from them
 _HEALTH_CHECKS_ANNOTATION = "raypod.io/health-checks"  # run in the Ray container by raypod (pods/exec)
+_SUSPEND_ANNOTATION = "raypod.io/suspend-after-idle-s"  # raypod suspends it (deletes the RayCluster) when idle
 _ANNOTATIONS = frozenset(
     {
         _OWNER_ANNOTATION,
@@ -241,6 +244,7 @@ _ANNOTATIONS = frozenset(
         _PRIORITY_ANNOTATION,
         _SPACES_ANNOTATION,
         _HEALTH_CHECKS_ANNOTATION,
+        _SUSPEND_ANNOTATION,
     }
 )
 _MANAGED_LABELS = frozenset({"app.kubernetes.io/managed-by", *kueue_labels("normal")})
@@ -265,6 +269,7 @@ def spec_from_raycluster(manifest: Any) -> spec_mod.ClusterSpec:
     image = head_container.get("image")
     data: dict[str, Any] = {
         "priority": annotations.get(_PRIORITY_ANNOTATION, "normal"),
+        "suspend_after_idle_s": annotations.get(_SUSPEND_ANNOTATION),
         "name": metadata.get("name"),
         "namespace": metadata.get("namespace", "default"),
         "owner": annotations.get(_OWNER_ANNOTATION),

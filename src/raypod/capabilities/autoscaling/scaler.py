@@ -185,6 +185,26 @@ def decide(spec: spec_mod.ClusterSpec, observed: state.ObservedCluster, resource
     return Decision(tuple(resizes), demands)
 
 
+def nothing_held(resource_state: bytes) -> bool:
+    """Whether nothing waits to be placed and no task, actor or placement group holds any node's resources (the
+    object store aside: objects outlive the work that made them)."""
+    ray_state = _pb().ClusterResourceState()
+    ray_state.ParseFromString(resource_state)
+    if (
+        ray_state.pending_resource_requests
+        or ray_state.pending_gang_resource_requests
+        or ray_state.cluster_resource_constraints
+    ):
+        return False
+    alive = [n for n in ray_state.node_states if n.status in (_pb().NodeStatus.RUNNING, _pb().NodeStatus.IDLE)]
+    for node in alive:
+        available = dict(node.available_resources)
+        for name, total in node.total_resources.items():
+            if name != "object_store_memory" and not name.startswith("node:") and available.get(name, 0.0) < total:
+                return False
+    return bool(alive)
+
+
 def _instances(
     spec: spec_mod.ClusterSpec,
     observed: state.ObservedCluster,

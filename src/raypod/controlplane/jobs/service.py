@@ -54,6 +54,8 @@ class JobService:
         spec = spec.model_copy(update={"runtime_env": {**view.spec.runtime_env, **spec.runtime_env}})
         if spec.as_rayjob:
             self._check_rayjob(spec)
+        elif view.suspended:
+            self.clusters.resume(caller, namespace, cluster)  # the job brings it back; submitted once it runs
         else:
             self.api(view)
         job = state.JobView(

@@ -205,7 +205,7 @@ class JobSupervisor(Periodic):
 
 def _runs(view: state.ClusterView) -> bool:
     """Whether the cluster can take a submission: admitted, and its dashboard up."""
-    return not view.queued and not view.deleting and bool(view.status.endpoints.get("dashboard"))
+    return not view.queued and not view.suspended and not view.deleting and bool(view.status.endpoints.get("dashboard"))
 
 
 RAYJOB_STATUSES = {

@@ -241,6 +241,15 @@ class Store:
         with self.engine.begin() as connection:
             connection.execute(clusters.update().where(clusters.c.uid == uid).values(deleting=True, updated_at=now()))
 
+    def set_suspended(self, uid: str, suspended: bool) -> None:
+        """Suspend the cluster (its nodes stop, its quota is given back) or resume it."""
+        with self.engine.begin() as connection:
+            connection.execute(
+                clusters.update()
+                .where(clusters.c.uid == uid)
+                .values(suspended_at=now() if suspended else None, updated_at=now())
+            )
+
     def any_queued(self) -> bool:
         with self.engine.connect() as connection:
             return connection.execute(sa.select(clusters.c.uid).where(clusters.c.queued).limit(1)).first() is not None
@@ -419,6 +428,7 @@ def _view(row: sa.Row[tuple[object, ...]]) -> state.ClusterView:
         pending_spec=_spec(mapping["pending_spec"]) if mapping["pending_spec"] else None,
         pending_reason=mapping["pending_reason"],
         pending_since=aware(mapping["pending_since"]) if mapping["pending_since"] else None,
+        suspended_at=aware(mapping["suspended_at"]) if mapping["suspended_at"] else None,
     )
 
 

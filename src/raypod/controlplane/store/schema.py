@@ -28,6 +28,8 @@ clusters = sa.Table(
     sa.Column("pending_spec", sa.Text, nullable=True),
     sa.Column("pending_reason", sa.Text, nullable=False, default="", server_default=""),
     sa.Column("pending_since", sa.DateTime(timezone=True), nullable=True),
+    # Idle suspension: set while the cluster is suspended (no node runs, no quota held) until it is resumed.
+    sa.Column("suspended_at", sa.DateTime(timezone=True), nullable=True),
     sa.UniqueConstraint("namespace", "name", name="uq_clusters_namespace_name"),
 )
 

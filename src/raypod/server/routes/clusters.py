@@ -66,6 +66,12 @@ def get_cluster(caller: Caller, namespace: NamePath, name: NamePath, svc: Servic
     return svc.get(caller, namespace, name)
 
 
+@router.post("/namespaces/{namespace}/clusters/{name}/resume", status_code=202)
+def resume_cluster(caller: Caller, namespace: NamePath, name: NamePath, svc: Service) -> state.ClusterView:
+    """Bring a suspended cluster back (admitted as a new one would be); nothing happens to one that runs."""
+    return svc.resume(caller, namespace, name)
+
+
 @router.post("/namespaces/{namespace}/clusters/{name}/scale", status_code=202)
 def scale_cluster(
     caller: Caller, namespace: NamePath, name: NamePath, req: ScaleRequest, svc: Service
