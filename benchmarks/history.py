@@ -6,10 +6,12 @@ the same log read from the cluster's live Ray job API through the same server.
 - ``archived_logs_read_ratio``: median time of ``GET /api/v1/jobs/<id>/logs`` (the archive) over the median of
   ``GET /clusters/<ns>/<name>/api/jobs/<submission>/logs`` (Ray's job API, through the gateway), 20 reads each, while
   the cluster still runs.
-- ``resume_ratio``: null: idle suspension is not built.
+- ``resume_ratio``: a job submitted to a suspended cluster (which resumes it) -> the job RUNNING, over the same for a
+  cluster created fresh (create -> ready -> submit -> RUNNING), same shape, same server.
 
 Usage: python benchmarks/history.py [--tasks 10000]
-Last line: one JSON object. Goals: archive_delete_overhead_s <= 1; archived_logs_read_ratio <= 1.2.
+Last line: one JSON object. Goals: archive_delete_overhead_s <= 1; archived_logs_read_ratio <= 1.2;
+resume_ratio <= 1.5.
 """
 
 from __future__ import annotations
@@ -54,6 +56,38 @@ def median_read(http: httpx.Client, path: str) -> float:
     return statistics.median(times)
 
 
+def job_running_s(api: Client, name: str, started: float) -> float:
+    job = api.jobs.submit(name, spec_mod.JobSpec(entrypoint="python -c 'import time; time.sleep(120)'"))
+    deadline = time.monotonic() + 300
+    while api.jobs.get(job.id).status is not state.JobStatus.RUNNING:
+        assert time.monotonic() < deadline, f"the job on {name} never ran"
+        time.sleep(0.1)
+    seconds = time.perf_counter() - started
+    api.jobs.stop(job.id)
+    return seconds
+
+
+def resume_and_fresh_s(api: Client) -> tuple[float, float]:
+    """(a job submitted to a suspended cluster -> RUNNING, create a cluster -> a job RUNNING)."""
+    api.clusters.create({"name": "sleepy", "suspend_after_idle_s": 2, **SHAPE})
+    deadline = time.monotonic() + 300
+    while (
+        api.clusters.get("sleepy").status.phase is not state.ClusterPhase.SUSPENDED
+        or api.clusters.get("sleepy").status.nodes
+    ):
+        assert time.monotonic() < deadline, "the idle cluster was never suspended"
+        time.sleep(0.2)
+    resumed = job_running_s(api, "sleepy", time.perf_counter())
+    started = time.perf_counter()
+    api.clusters.create({"name": "fresh", **SHAPE})
+    api.clusters.wait_ready("fresh", timeout=300)
+    fresh = job_running_s(api, "fresh", started)
+    for name in ("sleepy", "fresh"):
+        api.clusters.delete(name)
+        api.clusters.wait_deleted(name, timeout=300)
+    return resumed, fresh
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=10_000)
@@ -84,8 +118,10 @@ def main() -> None:
             idle_s = delete_seconds(api, "idle")
             after = api.jobs.logs(job.id)
             assert f"task {args.tasks - 1} done" in after, "the log was not read back after the deletion"
+            resumed_s, fresh_s = resume_and_fresh_s(api)
     print(f"log of {size} bytes: archive {archived * 1000:.1f} ms, live {live * 1000:.1f} ms (median of {READS})")
     print(f"delete: with the job {busy_s:.2f} s, without {idle_s:.2f} s")
+    print(f"a job running: on a suspended cluster {resumed_s:.2f} s, on a fresh one {fresh_s:.2f} s")
     print(
         json.dumps(
             {
@@ -97,7 +133,9 @@ def main() -> None:
                 "live_logs_read_ms": round(live * 1000, 2),
                 "archived_logs_read_ratio": round(archived / live, 3),
                 "log_bytes": size,
-                "resume_ratio": None,
+                "resume_to_job_running_s": round(resumed_s, 2),
+                "fresh_to_job_running_s": round(fresh_s, 2),
+                "resume_ratio": round(resumed_s / fresh_s, 3),
             }
         )
     )
