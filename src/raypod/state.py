@@ -508,3 +508,16 @@ class AuditVerification(BaseModel):
     entries: int
     first_bad: int | None = Field(None, description="The first entry (seq) whose chain does not hold.")
     message: str
+
+
+# -- schedules -----------------------------------------------------------------------------------------------
+
+
+class ScheduleView(BaseModel):
+    spec: spec_mod.ScheduleSpec
+    owner: str = Field(description="Whose rights its runs are submitted with.")
+    created_at: datetime
+    last_scheduled_at: datetime | None = Field(None, description="The latest scheduled time a run was made for.")
+    next_run_at: datetime | None = Field(None, description="None while suspended.")
+    last_message: str = Field("", description="What happened at the latest scheduled time (run, skipped, failed).")
+    runs: list[JobView] = Field(default_factory=list, description="Its latest runs (history_limit of them).")

@@ -11,7 +11,7 @@ import typer
 from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.cli import clusters as cluster_cli
-from raypod.cli import output
+from raypod.cli import output, schedules
 from raypod.cli.output import Format
 
 JobIdArg = Annotated[str, typer.Argument(help="The job: raypod's rj-... id or Ray's raysubmit_... id.")]
@@ -215,3 +215,6 @@ def _describe(job: state.JobView) -> str:
     for number, attempt in enumerate(job.attempts, start=1):
         lines.append(f"  attempt {number}: {attempt.submission_id}  {attempt.status}  {attempt.message[:80]}")
     return "\n".join(lines)
+
+
+app.command("schedule")(schedules.schedule)

@@ -22,6 +22,7 @@ from raypod.cli import (
     node,
     observability,
     output,
+    schedules,
     serving,
     spaces,
 )
@@ -63,6 +64,7 @@ NOUNS = {
     "team": identities.team_app,
     "namespace": identities.namespace_app,
     "audit": audit.app,
+    "schedule": schedules.app,
 }
 for noun, commands in NOUNS.items():
     app.add_typer(commands, name=noun)

@@ -16,6 +16,7 @@ from raypod.client.governance import Quotas
 from raypod.client.identities import Namespaces, Teams, Tokens, Users
 from raypod.client.jobs import TERMINAL_JOB_STATUSES, Jobs
 from raypod.client.observability import Monitoring
+from raypod.client.schedules import Schedules
 from raypod.client.serving import Models, Serving
 from raypod.client.spaces import Spaces
 
@@ -72,6 +73,7 @@ class Client:
         self.monitoring = Monitoring(self._transport)
         self.quotas = Quotas(self._transport)
         self.audit = Audit(self._transport)
+        self.schedules = Schedules(self._transport)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """Call any API route with this client's credentials; errors raise raypod.errors classes."""

@@ -21,6 +21,7 @@ from raypod.controlplane.hangwatch import AgentReports, HangCollector
 from raypod.controlplane.history import History
 from raypod.controlplane.identity import IdentityService
 from raypod.controlplane.jobs import JobService, JobSupervisor
+from raypod.controlplane.schedules import ScheduleRunner, ScheduleService
 from raypod.controlplane.serving import ModelCatalog, ServingApplier, ServingService
 from raypod.controlplane.spaces import SpaceService
 from raypod.controlplane.store import Store
@@ -45,6 +46,8 @@ class ControlPlane:
     serving_applier: ServingApplier
     hangs: HangCollector
     audit: AuditLog
+    schedules: ScheduleService
+    schedule_runner: ScheduleRunner
 
     @classmethod
     def open(cls, settings: config.Settings, backend: base.Backend | None = None) -> ControlPlane:
@@ -106,6 +109,7 @@ class ControlPlane:
             settings.model_staging_url,
             settings.model_staging_options,
         )
+        schedules = ScheduleService(job_service)
         applier = ServingApplier(serving, interval_s=side_interval_s)
         serving.wake = serving.models.wake = applier.wake
         return cls(
@@ -125,6 +129,8 @@ class ControlPlane:
                 db, job_service, interval_s=side_interval_s, outbound=settings.outbound, reports=reports
             ),
             audit=AuditLog(db, settings.home),
+            schedules=schedules,
+            schedule_runner=ScheduleRunner(schedules),
         )
 
     def info(self) -> state.ServerInfo:
@@ -143,6 +149,7 @@ class ControlPlane:
     def start(self) -> None:
         """The loops: the reconciler, the job supervisor, the serving applier and the hang collector."""
         self.supervisor.start()
+        self.schedule_runner.start()
         self.serving_applier.start()
         self.hangs.start()
         self.reconciler.start()
@@ -150,6 +157,7 @@ class ControlPlane:
     def close(self) -> None:
         """Stop the loops, then close the backend and the store."""
         self.hangs.stop()
+        self.schedule_runner.stop()
         self.supervisor.stop()
         self.serving_applier.stop()
         self.reconciler.stop()

@@ -20,6 +20,7 @@ from raypod.server.routes import clusters, identities, observability
 from raypod.server.routes import governance as governance_routes
 from raypod.server.routes import hangwatch as hangwatch_routes
 from raypod.server.routes import jobs as job_routes
+from raypod.server.routes import schedules as schedule_routes
 from raypod.server.routes import serving as serving_routes
 from raypod.server.routes import spaces as space_routes
 
@@ -44,6 +45,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         app.state.spaces = plane.spaces
         app.state.hangs = plane.hangs
         app.state.audit = plane.audit
+        app.state.schedules = plane.schedules
         app.state.reconciler = plane.reconciler
         app.state.gateway_routes = gateway.RouteCache(plane.clusters)
         # aiohttp, not httpx, for the proxy hop: it adds about half the latency per request here.
@@ -88,6 +90,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
     app.include_router(job_routes.router)
     app.include_router(hangwatch_routes.router)
     app.include_router(audit_routes.router)
+    app.include_router(schedule_routes.router)
     app.include_router(serving_routes.router)
     app.include_router(space_routes.router)
     app.include_router(governance_routes.router)

@@ -61,6 +61,7 @@ from raypod.spec.recovery import (
     NodeRecovery,
     RecoverySpec,
 )
+from raypod.spec.schedules import ConcurrencyPolicy, ScheduleSpec
 from raypod.spec.serving import (
     DEFAULT_RESERVE_TOKENS,
     MAX_SERVE_REPLICAS,
@@ -472,6 +473,7 @@ __all__ = [
     "AutoscalingSpec",
     "ByteSize",
     "ClusterSpec",
+    "ConcurrencyPolicy",
     "Duration",
     "GcsFaultToleranceSpec",
     "HangAction",
@@ -487,6 +489,7 @@ __all__ = [
     "QuotaPolicy",
     "QuotaSpec",
     "RecoverySpec",
+    "ScheduleSpec",
     "ServeDeploySpec",
     "SpaceKind",
     "SpaceSpec",

@@ -41,12 +41,21 @@ class JobService:
         self.addons_of: Callable[[str], Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None] = lambda uid: None
         self.history: History | None = None  # where finished attempts' logs outlive the cluster
 
-    def submit(self, caller: identity.Principal, namespace: str, cluster: str, spec: spec_mod.JobSpec) -> state.JobView:
+    def submit(
+        self,
+        caller: identity.Principal,
+        namespace: str,
+        cluster: str,
+        spec: spec_mod.JobSpec,
+        *,
+        job_id: str | None = None,
+    ) -> state.JobView:
         """Store the job as PENDING; the supervisor submits it to Ray (its first attempt) on its next pass, which
         this starts at once. What can be told without Ray is refused here.
 
         Raises:
-            Forbidden (not owner/team admin), NotFound, Conflict (no dashboard), InvalidSpec."""
+            Forbidden (not owner/team admin), NotFound, Conflict (no dashboard), InvalidSpec. A ``job_id`` stored
+            before returns that job: nothing is submitted twice."""
         view = self.clusters.get(caller, namespace, cluster, identity.Verb.OPERATE)
         capacity.check_hangwatch(
             self.clusters.backend.features, spec_mod.hang_overrides_from_metadata(spec.metadata) is not None
@@ -59,7 +68,7 @@ class JobService:
         else:
             self.api(view)
         job = state.JobView(
-            id=f"rj-{secrets.token_hex(5)}",
+            id=job_id or f"rj-{secrets.token_hex(5)}",
             namespace=namespace,
             cluster=cluster,
             owner=caller.user,
@@ -68,7 +77,8 @@ class JobService:
             attempts=[],
             created_at=store.now(),
         )
-        self.records.insert(job)
+        if not self.records.insert(job):  # ``job_id`` made before (a scheduled run: its id derives from its time)
+            return self.records.load(job.id)
         self.wake()
         return job
 

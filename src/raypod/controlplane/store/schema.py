@@ -219,3 +219,16 @@ audit_log = sa.Table(
     sa.Column("result", sa.Integer, nullable=False),
     sa.Column("hash", sa.String(64), nullable=False),
 )
+
+schedules = sa.Table(
+    "schedules",
+    metadata,
+    sa.Column("namespace", sa.String(63), primary_key=True),
+    sa.Column("name", sa.String(63), primary_key=True),
+    sa.Column("owner", sa.String(63), nullable=False),
+    sa.Column("spec", sa.Text, nullable=False),  # spec.ScheduleSpec as JSON
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    # The latest scheduled time a run was made for (runs are jobs whose id derives from it: made once).
+    sa.Column("last_scheduled_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("last_message", sa.Text, nullable=False, server_default=""),
+)
