@@ -267,6 +267,8 @@ def test_a_second_cluster_coexists_and_deleting_clusters_leaves_nothing_behind_b
         line = next((li for li in listed.splitlines() if job in li), "")
         assert "default/other (deleted)" in line, listed
     assert "Archived" in [event.reason for event in api.clusters.events("other")]
+    summary = run_cli(raypod_server, "raypod", "job", "summary", done.id, "-o", "json")
+    assert summary.returncode == 0 and json.loads(summary.stdout)["note"] == "no Ray driver ran", summary.stderr
 
 
 def test_up_and_down_run_the_daemon_with_a_default_cluster(tmp_path: Path) -> None:

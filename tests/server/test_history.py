@@ -48,6 +48,10 @@ def test_logs_outlive_the_cluster(client: TestClient, admin: dict[str, str], tmp
     archive = tmp_path / "history" / "default" / "demo" / uid
     assert (archive / "jobs" / done / "1.log").read_text() == f"logs of {first}\n"  # as it ended
     assert not (archive / "jobs" / running).exists()
+    summary = client.get(f"/api/v1/jobs/{done}/summary", headers=admin).json()
+    assert summary["tasks"]["kind"] == "tasks" and summary["actors"]["kind"] == "actors"
+    assert summary["failed_tasks"] == []
+    assert client.get(f"/api/v1/jobs/{running}/summary", headers=admin).status_code == 404  # not ended yet
 
     client.delete(PATH, headers=admin).raise_for_status()
     eventually(lambda: client.get(PATH, headers=admin).status_code == 404, "the cluster gone")

@@ -240,10 +240,20 @@ class FakeBackend(base.NodesFollowActions):
                 if self.refused_submission is not None:
                     return httpx.Response(self.refused_status, text=self.refused_submission)
                 body = json.loads(request.content)
-                found[body["submission_id"]] = {**body, "status": "RUNNING", "metadata": body.get("metadata") or {}}
+                found[body["submission_id"]] = {
+                    **body,
+                    "status": "RUNNING",
+                    "metadata": body.get("metadata") or {},
+                    "job_id": f"{len(found) + 1:02x}000000",
+                }
                 return httpx.Response(200, json={"submission_id": body["submission_id"]})
             if path == "api/jobs/":
                 return httpx.Response(200, json=list(found.values()))
+            if path in ("api/v0/tasks/summarize", "api/v0/actors/summarize"):
+                kind = path.split("/")[2]
+                return httpx.Response(200, json={"data": {"result": {"total": 0, "kind": kind}}})
+            if path == "api/v0/tasks":
+                return httpx.Response(200, json={"data": {"result": {"result": []}}})
             if path == "api/v0/actors":
                 actors = self.actors.get(cluster_id, [])
                 return httpx.Response(200, json={"data": {"result": {"result": actors}}})

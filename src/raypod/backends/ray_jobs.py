@@ -31,6 +31,30 @@ class RayJobApi:
         found = self._call("GET", "/api/jobs/")
         return found if isinstance(found, list) else []
 
+    def job_summary(self, ray_job_id: str, failures: int = 100) -> dict[str, Any]:
+        """What Ray's state API says of one Ray job: its tasks and actors counted by state, and its failed tasks
+        with their errors (at most ``failures``)."""
+        by_job = {"filter_keys": "job_id", "filter_predicates": "=", "filter_values": ray_job_id}
+        found: dict[str, Any] = {}
+        for kind in ("tasks", "actors"):
+            reply = _object(self._call("GET", f"/api/v0/{kind}/summarize", params=by_job))
+            found[kind] = reply.get("data", {}).get("result", {})
+        failed = {
+            "filter_keys": ["job_id", "state"],
+            "filter_predicates": ["=", "="],
+            "filter_values": [ray_job_id, "FAILED"],
+            "detail": "true",
+            "limit": failures,
+        }
+        reply = _object(self._call("GET", "/api/v0/tasks", params=failed))
+        rows = reply.get("data", {}).get("result", {}).get("result", [])
+        found["failed_tasks"] = [
+            {k: row.get(k) for k in ("name", "func_or_class_name", "error_type", "error_message", "node_id")}
+            for row in (rows if isinstance(rows, list) else [])
+            if isinstance(row, dict)
+        ]
+        return found
+
     def alive_actors(self, limit: int = 1000) -> builtins.list[dict[str, Any]]:
         """The cluster's live actors as Ray's state API lists them (``class_name``, ``ray_namespace``, ``name``)."""
         params = {"filter_keys": "state", "filter_predicates": "=", "filter_values": "ALIVE", "detail": "false"}

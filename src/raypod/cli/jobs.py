@@ -130,6 +130,16 @@ def list_(
 
 
 @app.command()
+def summary(
+    job_id: JobIdArg,
+    attempt: Annotated[int | None, typer.Option(help="Default: the latest.")] = None,
+    fmt: OutputOpt = Format.YAML,
+) -> None:
+    """An ended attempt's tasks and actors by state and its failed tasks with their errors (kept in history)."""
+    output.emit_data(cluster_cli.client().jobs.summary(job_id, attempt), Format.YAML if fmt is Format.TABLE else fmt)
+
+
+@app.command()
 def get(job_id: JobIdArg, fmt: OutputOpt = Format.TABLE) -> None:
     _render(cluster_cli.client().jobs.get(job_id), fmt)
 

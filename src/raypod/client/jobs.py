@@ -40,6 +40,12 @@ class Jobs:
             params["namespace"] = namespace
         return [state.JobView.model_validate(j) for j in self._t.request("GET", "/api/v1/jobs", params=params)]
 
+    def summary(self, job_id: str, attempt: int | None = None) -> dict[str, Any]:
+        """An ended attempt's tasks and actors by state, and its failed tasks with their errors (from history)."""
+        params = {"attempt": attempt} if attempt is not None else {}
+        found: dict[str, Any] = self._t.request("GET", f"/api/v1/jobs/{job_id}/summary", params=params)
+        return found
+
     def get(self, job_id: str) -> state.JobView:
         return state.JobView.model_validate(self._t.request("GET", f"/api/v1/jobs/{checked_job_id(job_id)}"))
 

@@ -6,6 +6,7 @@ Layout, under the archive's root (``RAYPOD_HISTORY_URL``, default ``<home>/histo
     <namespace>/<cluster>/<cluster uid>/cluster.json            the view, its events and job ids, when deleted
     <namespace>/<cluster>/<cluster uid>/jobs/<job id>/job.json  the job's record
     <namespace>/<cluster>/<cluster uid>/jobs/<job id>/<n>.log   attempt n's driver log
+    <namespace>/<cluster>/<cluster uid>/jobs/<job id>/<n>.summary.json   its tasks and actors by state, failures
 
 The archive is written by the loops (the job supervisor as attempts end; the reconciler before a deletion stops
 nodes), read by requests. Clusters deleted more than the retention ago are pruned.
@@ -41,6 +42,20 @@ class History:
         folder = self._job_dir(uid, job)
         self._write(f"{folder}/{attempt}.log", logs.encode())
         self._write(f"{folder}/job.json", job.model_dump_json().encode())
+
+    def save_summary(self, uid: str, job: state.JobView, attempt: int, summary: dict[str, Any]) -> None:
+        """Archive what Ray's state API said of an attempt's tasks and actors."""
+        self._write(f"{self._job_dir(uid, job)}/{attempt}.summary.json", json.dumps(summary).encode())
+
+    def summary(self, job: state.JobView, attempt: int) -> dict[str, Any] | None:
+        for folder in self._job_dirs(job):
+            try:
+                with self.fs.open(f"{folder}/{attempt}.summary.json", "rb") as found:
+                    loaded: dict[str, Any] = json.loads(found.read())
+                    return loaded
+            except (FileNotFoundError, ValueError):
+                continue
+        return None
 
     def has_attempt(self, uid: str, job: state.JobView, attempt: int) -> bool:
         return bool(self.fs.exists(f"{self._job_dir(uid, job)}/{attempt}.log"))

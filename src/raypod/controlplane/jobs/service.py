@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import BinaryIO, cast
+from typing import Any, BinaryIO, cast
 
 from raypod import addons, errors, state
 from raypod import spec as spec_mod
@@ -23,6 +23,8 @@ from raypod.controlplane.jobs import packaging
 from raypod.controlplane.store.jobs import JobRecords
 
 log = logging.getLogger(__name__)
+# An attempt whose entrypoint never called ray.init: Ray ran nothing for it.
+NO_DRIVER_SUMMARY: dict[str, Any] = {"tasks": {}, "actors": {}, "failed_tasks": [], "note": "no Ray driver ran"}
 
 
 class JobService:
@@ -201,8 +203,28 @@ class JobService:
         """Keep a finished attempt's driver log and the job's record (the supervisor, as the attempt ends)."""
         if self.history is None or job.spec.as_rayjob:
             return
-        logs = self.api(view, while_deleting=True).logs(job.attempts[attempt - 1].submission_id)
-        self.history.save_attempt(view.uid, job, attempt, logs)
+        api = self.api(view, while_deleting=True)
+        submission = job.attempts[attempt - 1].submission_id
+        self.history.save_attempt(view.uid, job, attempt, api.logs(submission))
+        try:  # what its tasks and actors did; the log is kept whether or not Ray's state API answers
+            ray_job_id = str(api.info(submission).get("job_id") or "")
+            found = api.job_summary(ray_job_id) if ray_job_id else {**NO_DRIVER_SUMMARY}
+            self.history.save_summary(view.uid, job, attempt, found)
+        except errors.RaypodError as exc:
+            log.info("job %s attempt %d: no task summary kept: %s", job.id, attempt, exc.message)
+
+    def summary(self, caller: identity.Principal, job_id: str, attempt: int | None = None) -> dict[str, Any]:
+        """What Ray's state API said of an ended attempt's tasks and actors (counts by state, failed tasks with
+        their errors), as archived when it ended.
+
+        Raises:
+            NotFound: no such job or attempt, or no summary was kept (the attempt has not ended yet)."""
+        job = self.get(caller, job_id)
+        index = len(job.attempts) if attempt is None else attempt
+        found = self.history.summary(job, index) if self.history is not None and job.attempts else None
+        if found is None:
+            raise errors.NotFound(f"job {job_id}: no task summary kept for attempt {index} (kept when it ends)")
+        return found
 
     def archive_cluster(self, view: state.ClusterView) -> None:
         """Before a deleted cluster's nodes stop (the reconciler): every attempt's log not archived yet, while its

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
@@ -97,6 +97,14 @@ def search_jobs(
 ) -> list[state.JobView]:
     """The newest jobs of every cluster the caller may view, those of deleted clusters included."""
     return svc.search(caller, namespace, limit)
+
+
+@router.get("/jobs/{job_id}/summary")
+def job_summary(
+    caller: Caller, job_id: JobIdPath, svc: Service, attempt: Annotated[int | None, Query(ge=1, le=100)] = None
+) -> dict[str, Any]:
+    """An ended attempt's tasks and actors by state and its failed tasks with their errors (from history)."""
+    return svc.summary(caller, job_id, attempt)
 
 
 @router.get("/jobs/{job_id}")
