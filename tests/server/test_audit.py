@@ -110,3 +110,13 @@ def test_the_console_page_is_for_admins_and_shows_the_entries_and_the_chain(
     assert page.status_code == 200 and "Chain intact" in page.text
     assert "POST /login" in page.text and "POST /api/v1/users" not in page.text
     assert 'href="/audit"' in client.get("/").text
+
+
+def test_calls_of_a_clusters_models_through_the_gateway_are_not_changes() -> None:
+    from raypod.server import audit, origins
+
+    assert audit.is_inference({"path": "/clusters/ml/demo/serve/chat/v1/completions"})
+    assert not audit.is_inference({"path": "/clusters/ml/demo/api/jobs/"})
+    own = origins.Target("cluster", "ml", "demo")
+    assert audit.is_inference({"path": "/serve/chat/v1/completions", "raypod.target": own})
+    assert not audit.is_inference({"path": "/api/jobs/", "raypod.target": own})

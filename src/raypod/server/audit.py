@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 PRINCIPAL = "principal"  # the key authentication sets in the request's state
 TARGET = "audit_target"  # the key a route sets where its path does not name what it changes
+# Calls of a cluster's models through the gateway are reads of it (whoever may view it may call them): not changes,
+# and far too many (every completion) for the log.
+_INFERENCE = re.compile(r"^/clusters/[^/]+/[^/]+/serve/")
 _TARGET = re.compile(r"^/(?:api/v1/namespaces/([^/]+)/(?:clusters|spaces)/([^/]+)|(?:clusters|spaces)/([^/]+)/([^/]+))")
 
 
@@ -30,6 +33,14 @@ def remember(state: Any, principal: identity.Principal) -> identity.Principal:
 def name_target(state: Any, target: str) -> None:
     """Name what the request changes (``namespace/name``) where its path does not (a create)."""
     setattr(state, TARGET, target)
+
+
+def is_inference(scope: Scope) -> bool:
+    path: str = scope.get("path", "")
+    origin = scope.get("raypod.target")
+    if origin is not None:
+        return bool(origin.kind == "cluster" and path.startswith("/serve/"))
+    return bool(_INFERENCE.match(path))
 
 
 def describe(scope: Scope) -> tuple[str, str, str]:
@@ -77,7 +88,7 @@ class AuditTrail:
 
     async def _record(self, scope: Scope, state: dict[str, Any], result: int) -> None:
         plane = getattr(scope["app"].state, "control_plane", None)
-        if plane is None:
+        if plane is None or is_inference(scope):
             return
         principal: identity.Principal | None = state.get(PRINCIPAL)
         source, action, target = describe(scope)
