@@ -92,3 +92,20 @@ def test_a_python_env_that_cannot_run_a_drivers_kernel_is_refused_with_how_to_fi
     )
     assert editor.status_code == 422
     assert client.get(base, headers=admin).json() == [], "a refused workspace was half created"
+
+
+def test_opening_the_workspace_of_a_suspended_cluster_resumes_the_cluster(
+    client: TestClient, admin: dict[str, str]
+) -> None:
+    client.post("/api/v1/clusters", json={"name": "c"}, headers=admin).raise_for_status()
+    wait_ready(client, admin, "default", "c")
+    client.post("/api/v1/namespaces/default/spaces", json={"name": "nb", "cluster": "c"}, headers=admin)
+    clusters = client.app.state.clusters  # type: ignore[attr-defined]
+    clusters.suspend(clusters.store.get("default", "c"), "idle for 1 s")
+    assert client.get("/api/v1/namespaces/default/clusters/c", headers=admin).json()["suspended_at"]
+
+    opened = client.get("/spaces/default/nb/lab", headers=admin)
+    assert opened.status_code == 409 and "is being resumed" in opened.json()["message"], opened.text
+    assert client.get("/api/v1/namespaces/default/clusters/c", headers=admin).json()["suspended_at"] is None
+    events = client.get("/api/v1/namespaces/default/clusters/c/events", headers=admin).json()
+    assert "Resumed" in [e["reason"] for e in events]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import APIRouter, Request, WebSocket
@@ -28,13 +28,16 @@ class SpaceRoute:
     token: str
     owner: str | None
     team: str | None
+    cluster: str
+    suspended: bool
 
 
 async def resolve_space(
     state: Any, principal: identity.Principal, namespace: str, name: str, *, ready: bool = True
 ) -> SpaceRoute:
     """Only the workspace's owner and admins get further than a NotFound that names nothing else: a workspace
-    runs its owner's code, so even reading its pages needs the owner's rights.
+    runs its owner's code, so even reading its pages needs the owner's rights. Opening the workspace of a cluster
+    suspended while idle resumes the cluster when the caller may operate it (as a submitted job does).
 
     Raises:
         NotFound, Conflict (its IDE is not running).
@@ -50,11 +53,16 @@ async def resolve_space(
         ide = view.status.endpoints.get(f"space/{name}") if space.running and not view.deleting else None
         message = "stopped" if not space.running else f"its IDE is not running yet ({view.status.message})"
         token = clusters.backend.sidecar_token(view.uid, space.node_name(), spec_mod.IDE_SIDECAR)
-        return SpaceRoute(ide, message, token, space.owner, clusters.identities.namespace_team(namespace))
+        team = clusters.identities.namespace_team(namespace)
+        return SpaceRoute(ide, message, token, space.owner, team, view.spec.name, view.suspended)
 
     route = await run_in_threadpool(lookup)
     if not spaces.may_open(principal, route.team, route.owner):
         raise errors.NotFound(f"workspace '{name}' not found in namespace '{namespace}'")
+    if route.suspended:
+        await run_in_threadpool(clusters.resume, principal, namespace, route.cluster)
+        message = f"its cluster '{route.cluster}' was suspended while idle and is being resumed; try again shortly"
+        route = replace(route, ide=None, message=message)
     if route.ide is None and ready:
         raise errors.Conflict(f"workspace {namespace}/{name} is not ready: {route.message}")
     return route
