@@ -249,6 +249,15 @@ class JobView(BaseModel):
     submitted_via: SubmittedVia = SubmittedVia.RAYPOD
 
 
+class DeletedCluster(BaseModel):
+    """What history kept of a deleted cluster: its last view (nodes included), its events and its jobs."""
+
+    archived_at: datetime
+    cluster: ClusterView
+    events: list[Event]
+    jobs: list[JobView]
+
+
 class JobLogs(BaseModel):
     job: str
     attempt: int | None

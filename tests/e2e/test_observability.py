@@ -185,10 +185,16 @@ def test_a_deleted_cluster_drops_out_of_discovery_and_scraping(
 ) -> None:
     eventually(lambda: "mon-b" in clusters_with(prom, "up"))
     with raypod_server.client() as api:
+        job = api.jobs.submit("mon-b", {"entrypoint": "python -c 'import time; time.sleep(1)'"})
+        assert api.jobs.wait(job.id, timeout=120).status is state.JobStatus.SUCCEEDED
         api.clusters.delete("mon-b")
         api.clusters.wait_deleted("mon-b", timeout=120)
         sd = api.request("GET", "/api/v1/monitoring/sd")
+        # history kept the cluster's series over the job's attempt (issue 33), readable after the deletion
+        kept = {chart["key"]: chart for chart in api.jobs.metrics(job.id)["charts"]}
     assert "mon-b" not in {group["labels"]["ray_io_cluster"] for group in sd}
+    assert [series["name"] for series in kept["memory"]["series"]] == ["head"], kept["memory"]
+    assert kept["memory"]["series"][0]["points"][-1][1] > 100 * 2**20
 
     def gone_from_targets() -> bool:
         response = prom.http.get(f"{prom.url}/api/v1/targets", params={"state": "active"})

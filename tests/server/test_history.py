@@ -66,6 +66,21 @@ def test_logs_outlive_the_cluster(client: TestClient, admin: dict[str, str], tmp
     events = client.get(f"{PATH}/events", headers=admin).json()
     assert "Archived" in [event["reason"] for event in events]
 
+    # the deleted cluster itself, read-only: its last nodes, its events, its jobs; in the API and the console
+    record = client.get(f"{PATH}/history", headers=admin).json()
+    assert record["cluster"]["uid"] == uid and [job["id"] for job in record["jobs"]] == [done, running]
+    assert [node["name"] for node in record["cluster"]["status"]["nodes"]] == ["head", "cpu-0"]
+    assert "DeletionRequested" in [event["reason"] for event in record["events"]]
+    page = client.get("/namespaces/default/clusters/demo", headers=admin)
+    assert page.status_code == 200 and 'data-testid="deleted-cluster"' in page.text, page.text[:500]
+    assert done in page.text and "cpu-0" in page.text and "from history" in page.text
+    assert client.get("/namespaces/default/clusters/nothing", headers=admin).status_code == 404
+    from tests.server.conftest import make_user
+
+    outsider = make_user(client, admin, "eve", "other")
+    hidden = client.get(f"{PATH}/history", headers=outsider)
+    assert hidden.status_code == 404 and "demo" in hidden.json()["message"]
+
 
 def test_a_job_of_a_deleted_cluster_without_an_archive_says_why(client: TestClient, admin: dict[str, str]) -> None:
     client.post("/api/v1/clusters", json=DEMO, headers=admin).raise_for_status()

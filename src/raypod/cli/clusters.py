@@ -127,6 +127,25 @@ def get(name: str, namespace: NamespaceOpt = "default", fmt: OutputOpt = Format.
 
 
 @app.command()
+def history(name: str, namespace: NamespaceOpt = "default", fmt: OutputOpt = Format.TABLE) -> None:
+    """Show a deleted cluster as history kept it: its last nodes, its events and its jobs."""
+    record = client().clusters.history(name, namespace)
+    if fmt is not Format.TABLE:
+        output.emit_data(record.model_dump(mode="json"), fmt)
+        return
+    view = record.cluster
+    archived = f"{record.archived_at:%Y-%m-%d %H:%M} UTC"
+    output.console.print(f"{view.spec.namespace}/{view.spec.name}: deleted, archived {archived}")
+    for node in view.status.nodes:
+        output.console.print(f"  node {node.name:<24} {node.group:<12} {node.phase.value}")
+    for job in record.jobs:
+        by = job.owner or "-"
+        output.console.print(f"  job  {job.id:<24} {job.status.value:<10} by={by}  {job.spec.entrypoint[:50]}")
+    for event in record.events[-20:]:
+        output.console.print(f"  {event.time:%H:%M:%S} {event.reason}: {event.message[:100]}")
+
+
+@app.command()
 def scale(
     name: str,
     replicas: Annotated[int, typer.Argument(help="Desired worker nodes in the group.")],

@@ -140,6 +140,17 @@ def summary(
 
 
 @app.command()
+def metrics(
+    job_id: JobIdArg,
+    attempt: Annotated[int | None, typer.Option(help="Default: the latest.")] = None,
+    fmt: OutputOpt = Format.JSON,
+) -> None:
+    """Its cluster's charts over an ended attempt (CPU, memory, object store, tasks per node), kept in history
+    when it ended while raypod's Prometheus ran."""
+    output.emit_data(cluster_cli.client().jobs.metrics(job_id, attempt), Format.JSON if fmt is Format.TABLE else fmt)
+
+
+@app.command()
 def get(job_id: JobIdArg, fmt: OutputOpt = Format.TABLE) -> None:
     _render(cluster_cli.client().jobs.get(job_id), fmt)
 

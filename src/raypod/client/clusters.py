@@ -59,6 +59,11 @@ class Clusters:
         payload = self._t.request("POST", namespaced_path(namespace, name, f"nodes/{node}/{action}"))
         return state.ClusterView.model_validate(payload)
 
+    def history(self, name: str, namespace: str = "default") -> state.DeletedCluster:
+        """A deleted cluster as history kept it: its last nodes, its events and its jobs."""
+        found = self._t.request("GET", f"/api/v1/namespaces/{namespace}/clusters/{name}/history")
+        return state.DeletedCluster.model_validate(found)
+
     def events(self, name: str, namespace: str = "default", limit: int = 200) -> builtins.list[state.Event]:
         payload = self._t.request("GET", namespaced_path(namespace, name, "events"), params={"limit": limit})
         return [state.Event.model_validate(item) for item in payload]

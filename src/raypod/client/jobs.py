@@ -46,6 +46,12 @@ class Jobs:
         found: dict[str, Any] = self._t.request("GET", f"/api/v1/jobs/{job_id}/summary", params=params)
         return found
 
+    def metrics(self, job_id: str, attempt: int | None = None) -> dict[str, Any]:
+        """Its cluster's charts over an ended attempt (from history; kept while Prometheus ran)."""
+        params = {"attempt": attempt} if attempt is not None else {}
+        found: dict[str, Any] = self._t.request("GET", f"/api/v1/jobs/{job_id}/metrics", params=params)
+        return found
+
     def get(self, job_id: str) -> state.JobView:
         return state.JobView.model_validate(self._t.request("GET", f"/api/v1/jobs/{checked_job_id(job_id)}"))
 

@@ -43,14 +43,15 @@ class History:
         self._write(f"{folder}/{attempt}.log", logs.encode())
         self._write(f"{folder}/job.json", job.model_dump_json().encode())
 
-    def save_summary(self, uid: str, job: state.JobView, attempt: int, summary: dict[str, Any]) -> None:
-        """Archive what Ray's state API said of an attempt's tasks and actors."""
-        self._write(f"{self._job_dir(uid, job)}/{attempt}.summary.json", json.dumps(summary).encode())
+    def save_attempt_record(self, uid: str, job: state.JobView, attempt: int, kind: str, data: dict[str, Any]) -> None:
+        """Archive what was read of an attempt besides its log: ``summary`` (Ray's state API on its tasks and
+        actors) or ``metrics`` (its cluster's series over the attempt, while Prometheus runs)."""
+        self._write(f"{self._job_dir(uid, job)}/{attempt}.{kind}.json", json.dumps(data).encode())
 
-    def summary(self, job: state.JobView, attempt: int) -> dict[str, Any] | None:
+    def attempt_record(self, job: state.JobView, attempt: int, kind: str) -> dict[str, Any] | None:
         for folder in self._job_dirs(job):
             try:
-                with self.fs.open(f"{folder}/{attempt}.summary.json", "rb") as found:
+                with self.fs.open(f"{folder}/{attempt}.{kind}.json", "rb") as found:
                     loaded: dict[str, Any] = json.loads(found.read())
                     return loaded
             except (FileNotFoundError, ValueError):

@@ -3,6 +3,7 @@ beside them, opened and closed together. The server only routes requests to it."
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +12,7 @@ import raypod
 from raypod import backends, config, state
 from raypod.backends import base
 from raypod.backends.kuberay import manifests
+from raypod.capabilities.observability import charts
 from raypod.controlplane import addons as node_addons
 from raypod.controlplane import loop, plan
 from raypod.controlplane.audit import AuditLog
@@ -101,6 +103,7 @@ class ControlPlane:
             settings.history_options,
             settings.history_retention_days,
         )
+        job_service.metrics_series = functools.partial(charts.archived_series, settings.home)
         reconciler.before_delete = job_service.archive_cluster
         reconciler.suspend_idle = IdleSuspender(clusters, job_service.api).step
         serving = ServingService(

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from raypod import config
 from raypod.capabilities.observability.prometheus import PrometheusClient
 
 
@@ -49,12 +51,19 @@ def cluster_charts(
 ) -> dict[str, Any]:
     """Every chart's series over the last ``minutes`` (about 120 points each)."""
     end = time.time() if now is None else now
-    window = minutes * 60
+    return charts_between(prometheus, namespace, cluster, end - minutes * 60, end)
+
+
+def charts_between(
+    prometheus: PrometheusClient, namespace: str, cluster: str, start: float, end: float
+) -> dict[str, Any]:
+    """Every chart's series from ``start`` to ``end`` (about 120 points each, at least 5 s apart)."""
+    window = max(1.0, end - start)
     step = max(5.0, window / 120)
     charts = []
     for chart in CHARTS:
         expr = chart.expr.format(selector=selector(namespace, cluster))
-        result = prometheus.query_range(expr, end - window, end, step)
+        result = prometheus.query_range(expr, start, end, step)
         if chart.optional and not result:
             continue
         series = [
@@ -66,3 +75,18 @@ def cluster_charts(
         ]
         charts.append({"key": chart.key, "title": chart.title, "unit": chart.unit, "expr": expr, "series": series})
     return {"window_s": window, "step_s": step, "end": end, "charts": charts}
+
+
+def archived_series(home: Path, namespace: str, cluster: str, start: float, end: float) -> dict[str, Any] | None:
+    """A cluster's charts over a finished job attempt, for history; None while monitoring is off.
+
+    Raises:
+        TransientError: Prometheus runs but does not answer."""
+    endpoints = config.MonitoringEndpoints.read(home)
+    if not endpoints.prometheus_url:
+        return None
+    client = PrometheusClient(endpoints.prometheus_url, auth=endpoints.prometheus_auth)
+    try:
+        return charts_between(client, namespace, cluster, start, end)
+    finally:
+        client.close()

@@ -8,9 +8,12 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, cast
+
+import pydantic
 
 from raypod import addons, errors, state
 from raypod import spec as spec_mod
@@ -42,6 +45,8 @@ class JobService:
         # it to the reconciler's.
         self.addons_of: Callable[[str], Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None] = lambda uid: None
         self.history: History | None = None  # where finished attempts' logs outlive the cluster
+        # (namespace, cluster, start, end) -> the cluster's charts then; None: monitoring is off
+        self.metrics_series: Callable[[str, str, float, float], dict[str, Any] | None] | None = None
 
     def submit(
         self,
@@ -209,9 +214,18 @@ class JobService:
         try:  # what its tasks and actors did; the log is kept whether or not Ray's state API answers
             ray_job_id = str(api.info(submission).get("job_id") or "")
             found = api.job_summary(ray_job_id) if ray_job_id else {**NO_DRIVER_SUMMARY}
-            self.history.save_summary(view.uid, job, attempt, found)
+            self.history.save_attempt_record(view.uid, job, attempt, "summary", found)
         except errors.RaypodError as exc:
             log.info("job %s attempt %d: no task summary kept: %s", job.id, attempt, exc.message)
+        if self.metrics_series is None:
+            return
+        started = job.attempts[attempt - 1].submitted_at.timestamp()
+        try:  # the cluster's charts over the attempt, while Prometheus runs
+            series = self.metrics_series(view.spec.namespace, view.spec.name, started, time.time())
+            if series is not None:
+                self.history.save_attempt_record(view.uid, job, attempt, "metrics", series)
+        except errors.RaypodError as exc:
+            log.info("job %s attempt %d: no metrics kept: %s", job.id, attempt, exc.message)
 
     def summary(self, caller: identity.Principal, job_id: str, attempt: int | None = None) -> dict[str, Any]:
         """What Ray's state API said of an ended attempt's tasks and actors (counts by state, failed tasks with
@@ -219,12 +233,45 @@ class JobService:
 
         Raises:
             NotFound: no such job or attempt, or no summary was kept (the attempt has not ended yet)."""
+        return self._attempt_record(caller, job_id, attempt, "summary", "task summary")
+
+    def metrics(self, caller: identity.Principal, job_id: str, attempt: int | None = None) -> dict[str, Any]:
+        """Its cluster's charts (CPU, memory, object store, tasks per node; Ray Train when a run reported) over an
+        ended attempt, as archived when it ended while Prometheus ran.
+
+        Raises:
+            NotFound: no such job or attempt, or none kept (not ended yet, or monitoring was off)."""
+        return self._attempt_record(caller, job_id, attempt, "metrics", "metrics")
+
+    def _attempt_record(
+        self, caller: identity.Principal, job_id: str, attempt: int | None, kind: str, what: str
+    ) -> dict[str, Any]:
         job = self.get(caller, job_id)
         index = len(job.attempts) if attempt is None else attempt
-        found = self.history.summary(job, index) if self.history is not None and job.attempts else None
+        found = self.history.attempt_record(job, index, kind) if self.history is not None and job.attempts else None
         if found is None:
-            raise errors.NotFound(f"job {job_id}: no task summary kept for attempt {index} (kept when it ends)")
+            raise errors.NotFound(f"job {job_id}: no {what} kept for attempt {index} (kept when it ends)")
         return found
+
+    def deleted_cluster(self, caller: identity.Principal, namespace: str, name: str) -> state.DeletedCluster:
+        """The newest archive of a deleted cluster of that name: read-only, for whoever may view its namespace.
+
+        Raises:
+            NotFound: none archived (or kept no longer), the same for a namespace the caller may not view."""
+        missing = f"no deleted cluster '{name}' of namespace '{namespace}' in history"
+        team = self.clusters.identities.namespace_team(namespace)
+        identity.authorize_hidden(caller, identity.Verb.VIEW, namespace, team, None, missing)
+        record = self.history.deleted_cluster(namespace, name) if self.history is not None else None
+        if record is None:
+            raise errors.NotFound(missing)
+        try:
+            view = state.ClusterView.model_validate(record["view"])
+            events = [state.Event.model_validate(event) for event in record["events"]]
+        except (KeyError, pydantic.ValidationError) as exc:
+            raise errors.NotFound(f"{missing}: its archive cannot be read ({type(exc).__name__})") from None
+        known = self.records.known_ids(list(record.get("jobs", [])))
+        jobs = [self.records.load(job_id) for job_id in record.get("jobs", []) if job_id in known]
+        return state.DeletedCluster(archived_at=record["archived_at"], cluster=view, events=events, jobs=jobs)
 
     def archive_cluster(self, view: state.ClusterView) -> None:
         """Before a deleted cluster's nodes stop (the reconciler): every attempt's log not archived yet, while its

@@ -186,7 +186,12 @@ def new_cluster_page(request: Request) -> Response:
 @router.get("/namespaces/{namespace}/clusters/{name}")
 def cluster_page(request: Request, namespace: NamePath, name: NamePath) -> Response:
     principal = _viewer(request)
-    view = _plane(request).clusters.get(principal, namespace, name)
+    try:
+        view = _plane(request).clusters.get(principal, namespace, name)
+    except errors.NotFound:
+        if request.query_params.get("regions"):
+            raise  # an open page of a cluster just deleted says so
+        return _deleted_cluster_page(request, principal, namespace, name)
     events = _plane(request).clusters.events(principal, namespace, name, EVENTS_SHOWN)
     cluster_jobs = _plane(request).jobs.list(principal, namespace, name)
     deployments = _plane(request).serving.list(principal, namespace, name)
@@ -206,6 +211,26 @@ def cluster_page(request: Request, namespace: NamePath, name: NamePath) -> Respo
         snippets=views.snippets(view),
         manifest=yaml.safe_dump(_plane(request).manifest(view), sort_keys=False),
         phase="Deleting" if view.deleting else view.status.phase.value,
+        now=store.now(),
+        age=views.age,
+    )
+
+
+def _deleted_cluster_page(request: Request, principal: identity.Principal, namespace: str, name: str) -> Response:
+    """A deleted cluster's page, read-only, from history (or the error page: no cluster and none kept)."""
+    try:
+        record = _plane(request).jobs.deleted_cluster(principal, namespace, name)
+    except errors.NotFound:
+        raise errors.NotFound(f"cluster '{name}' not found in namespace '{namespace}'") from None
+    return _render(
+        request,
+        principal,
+        "deleted_cluster.html",
+        record=record,
+        view=record.cluster,
+        nodes=views.node_rows(record.cluster),
+        events=list(reversed(record.events[-EVENTS_SHOWN:])),
+        jobs=list(reversed(record.jobs)),
         now=store.now(),
         age=views.age,
     )

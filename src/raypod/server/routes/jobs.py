@@ -99,12 +99,27 @@ def search_jobs(
     return svc.search(caller, namespace, limit)
 
 
+@router.get("/namespaces/{namespace}/clusters/{name}/history")
+def deleted_cluster(caller: Caller, namespace: NamePath, name: NamePath, svc: Service) -> state.DeletedCluster:
+    """A deleted cluster as history kept it (its last nodes, its events, its jobs); 404 if none is kept."""
+    return svc.deleted_cluster(caller, namespace, name)
+
+
 @router.get("/jobs/{job_id}/summary")
 def job_summary(
     caller: Caller, job_id: JobIdPath, svc: Service, attempt: Annotated[int | None, Query(ge=1, le=100)] = None
 ) -> dict[str, Any]:
     """An ended attempt's tasks and actors by state and its failed tasks with their errors (from history)."""
     return svc.summary(caller, job_id, attempt)
+
+
+@router.get("/jobs/{job_id}/metrics")
+def job_metrics(
+    caller: Caller, job_id: JobIdPath, svc: Service, attempt: Annotated[int | None, Query(ge=1, le=100)] = None
+) -> dict[str, Any]:
+    """Its cluster's charts over an ended attempt (the console's chart format), kept in history when it ended
+    while Prometheus ran."""
+    return svc.metrics(caller, job_id, attempt)
 
 
 @router.get("/jobs/{job_id}")
