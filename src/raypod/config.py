@@ -48,10 +48,11 @@ def read_credentials() -> dict[str, str]:
     return {k: str(v) for k, v in data.items() if v} if isinstance(data, dict) else {}
 
 
-def write_credentials(path: Path, server_url: str, token: str, ca_file: Path | None) -> None:
-    """Write the CLI/SDK credentials file, readable by its owner only (0600) from its first byte."""
+def write_credentials(path: Path, server_url: str, token: str, ca_file: Path | str | None, **sso: str | None) -> None:
+    """Write the CLI/SDK credentials file, readable by its owner only (0600) from its first byte. ``sso``: what
+    `raypod login` keeps to refresh its token (``refresh_token``, ``token_expires_at``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"server": server_url, "token": token, "ca_file": str(ca_file) if ca_file else None}
+    data = {"server": server_url, "token": token, "ca_file": str(ca_file) if ca_file else None, **sso}
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as handle:
         json.dump(data, handle, indent=2)
@@ -141,6 +142,94 @@ def _names_env(name: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class GroupGrant:
+    """What membership of one provider group gives: a role in a team, or installation admin."""
+
+    team: str | None = None
+    role: str = "member"  # state.Role's values
+    installation_admin: bool = False
+
+
+@dataclass(frozen=True)
+class SsoSettings:
+    """Single sign-on with an OpenID Connect provider (docs/sso.md); every field has an environment variable."""
+
+    issuer: str
+    client_id: str
+    client_secret: str = field(repr=False)
+    redirect_url: str | None = None  # default: <public URL>/login/sso/callback
+    scopes: str = "openid profile email groups offline_access"
+    username_claim: str = "preferred_username"
+    groups_claim: str = "groups"
+    groups: dict[str, tuple[GroupGrant, ...]] = field(default_factory=dict)
+    session_ttl: timedelta = timedelta(hours=8)  # a console session, at most
+    token_ttl: timedelta = timedelta(hours=1)  # a CLI/SDK token; `raypod login` refreshes it through the provider
+    leeway_s: int = 60  # clock skew allowed on an ID token's times
+    display_name: str = "single sign-on"
+
+    @classmethod
+    def from_env(cls) -> SsoSettings | None:
+        issuer = os.environ.get("RAYPOD_SSO_ISSUER")
+        if not issuer:
+            return None
+        client_id = os.environ.get("RAYPOD_SSO_CLIENT_ID") or ""
+        secret_file = os.environ.get("RAYPOD_SSO_CLIENT_SECRET_FILE")
+        try:
+            secret = Path(secret_file).read_text().strip() if secret_file else ""
+        except OSError as exc:
+            raise errors.InvalidSpec(f"RAYPOD_SSO_CLIENT_SECRET_FILE cannot be read ({exc.strerror})") from None
+        secret = secret or os.environ.get("RAYPOD_SSO_CLIENT_SECRET", "")
+        if not client_id or not secret:
+            raise errors.InvalidSpec(
+                "RAYPOD_SSO_ISSUER needs RAYPOD_SSO_CLIENT_ID and RAYPOD_SSO_CLIENT_SECRET_FILE (a file of mode 0600)"
+            )
+        return cls(
+            issuer=issuer.rstrip("/"),
+            client_id=client_id,
+            client_secret=secret,
+            redirect_url=os.environ.get("RAYPOD_SSO_REDIRECT_URL") or None,
+            scopes=os.environ.get("RAYPOD_SSO_SCOPES") or cls.scopes,
+            username_claim=os.environ.get("RAYPOD_SSO_USERNAME_CLAIM") or cls.username_claim,
+            groups_claim=os.environ.get("RAYPOD_SSO_GROUPS_CLAIM") or cls.groups_claim,
+            groups=group_grants(_json_env("RAYPOD_SSO_GROUPS")),
+            session_ttl=timedelta(seconds=_float_env("RAYPOD_SSO_SESSION_TTL_S", 8 * 3600)),
+            token_ttl=timedelta(seconds=_float_env("RAYPOD_SSO_TOKEN_TTL_S", 3600)),
+            leeway_s=int(_float_env("RAYPOD_SSO_LEEWAY_S", 60)),
+            display_name=os.environ.get("RAYPOD_SSO_NAME") or cls.display_name,
+        )
+
+
+def group_grants(raw: dict[str, Any]) -> dict[str, tuple[GroupGrant, ...]]:
+    """``{"ml-engineers": {"team": "ml"}, "ml-leads": {"team": "ml", "role": "admin"},
+    "platform": {"installation_admin": true}}``; a group may give a list of such grants.
+
+    Raises:
+        InvalidSpec: naming the group whose grant is wrong."""
+    found: dict[str, tuple[GroupGrant, ...]] = {}
+    for group, value in raw.items():
+        grants = value if isinstance(value, list) else [value]
+        parsed = []
+        for grant in grants:
+            keys = set(grant) if isinstance(grant, dict) else set()
+            ok = isinstance(grant, dict) and keys <= {"team", "role", "installation_admin"}
+            team, role = (grant.get("team"), grant.get("role", "member")) if ok else (None, "member")
+            admin = bool(grant.get("installation_admin")) if ok else False
+            if (
+                not ok
+                or role not in ("member", "admin")
+                or (team is None) == (not admin)
+                or (team is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", str(team)))
+            ):
+                raise errors.InvalidSpec(
+                    f'RAYPOD_SSO_GROUPS: group \'{group}\' must give {{"team": NAME, "role": "member"|"admin"}} '
+                    'or {"installation_admin": true}'
+                )
+            parsed.append(GroupGrant(team=team, role=role, installation_admin=admin))
+        found[str(group)] = tuple(parsed)
+    return found
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything the server needs; every field has an environment variable (see docs/configuration.md)."""
 
@@ -207,6 +296,8 @@ class Settings:
     history_url: str | None = None
     history_options: dict[str, Any] = field(default_factory=dict)
     history_retention_days: float = 30.0
+    # Single sign-on with the organisation's OpenID Connect provider (RAYPOD_SSO_*; None: tokens only).
+    sso: SsoSettings | None = None
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -242,6 +333,7 @@ class Settings:
             "history_url": os.environ.get("RAYPOD_HISTORY_URL") or None,
             "history_options": _json_env("RAYPOD_HISTORY_OPTIONS"),
             "history_retention_days": _float_env("RAYPOD_HISTORY_RETENTION_DAYS", 30.0),
+            "sso": SsoSettings.from_env(),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

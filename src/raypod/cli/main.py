@@ -25,6 +25,7 @@ from raypod.cli import (
     schedules,
     serving,
     spaces,
+    sso,
 )
 from raypod.client import Client, connection_settings
 
@@ -68,6 +69,7 @@ NOUNS = {
 }
 for noun, commands in NOUNS.items():
     app.add_typer(commands, name=noun)
+app.command()(sso.login)
 
 SHUTDOWN_GRACE_S = 5  # seconds a stopping server gives open connections
 

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from raypod import config, errors, state
+from raypod.client import sso
 from raypod.client._http import Transport
 from raypod.client.audit import Audit
 from raypod.client.clusters import Clusters
@@ -37,8 +38,11 @@ def connection_settings(
     ca_file = os.environ.get("RAYPOD_CA_FILE") or stored.get("ca_file")
     if verify is None:
         verify = ca_file if ca_file and os.path.exists(ca_file) else True
+    server = server or config.default_server_url()
+    if not token and not os.environ.get("RAYPOD_TOKEN") and stored.get("server") == server:
+        stored = sso.fresh_credentials(stored, server, verify)  # `raypod login`'s token, refreshed when it ends
     return ConnectionSettings(
-        server=server or config.default_server_url(),
+        server=server,
         token=token or os.environ.get("RAYPOD_TOKEN") or stored.get("token"),
         verify=verify,
     )
@@ -74,6 +78,7 @@ class Client:
         self.quotas = Quotas(self._transport)
         self.audit = Audit(self._transport)
         self.schedules = Schedules(self._transport)
+        self.sso = sso.Sso(self._transport)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """Call any API route with this client's credentials; errors raise raypod.errors classes."""

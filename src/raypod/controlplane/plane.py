@@ -26,6 +26,7 @@ from raypod.controlplane.jobs import JobService, JobSupervisor
 from raypod.controlplane.schedules import ScheduleRunner, ScheduleService
 from raypod.controlplane.serving import ModelCatalog, ServingApplier, ServingService
 from raypod.controlplane.spaces import SpaceService
+from raypod.controlplane.sso import SsoService
 from raypod.controlplane.store import Store
 from raypod.controlplane.suspension import IdleSuspender
 
@@ -50,6 +51,7 @@ class ControlPlane:
     audit: AuditLog
     schedules: ScheduleService
     schedule_runner: ScheduleRunner
+    sso: SsoService | None = None  # single sign-on, when RAYPOD_SSO_ISSUER is set
 
     @classmethod
     def open(cls, settings: config.Settings, backend: base.Backend | None = None) -> ControlPlane:
@@ -134,6 +136,9 @@ class ControlPlane:
             audit=AuditLog(db, settings.home),
             schedules=schedules,
             schedule_runner=ScheduleRunner(schedules),
+            sso=SsoService(db, ids, settings.sso, f"{settings.public_url}/login/sso/callback")
+            if settings.sso
+            else None,
         )
 
     def info(self) -> state.ServerInfo:
@@ -164,6 +169,8 @@ class ControlPlane:
         self.supervisor.stop()
         self.serving_applier.stop()
         self.reconciler.stop()
+        if self.sso is not None:
+            self.sso.close()
         self.backend.close()
         self.store.close()
 

@@ -23,6 +23,7 @@ from raypod.server.routes import jobs as job_routes
 from raypod.server.routes import schedules as schedule_routes
 from raypod.server.routes import serving as serving_routes
 from raypod.server.routes import spaces as space_routes
+from raypod.server.routes import sso as sso_routes
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         app.state.hangs = plane.hangs
         app.state.audit = plane.audit
         app.state.schedules = plane.schedules
+        app.state.sso = plane.sso
         app.state.reconciler = plane.reconciler
         app.state.gateway_routes = gateway.RouteCache(plane.clusters)
         # aiohttp, not httpx, for the proxy hop: it adds about half the latency per request here.
@@ -96,6 +98,8 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
     app.include_router(governance_routes.router)
     app.include_router(observability.router)
     app.include_router(identities.login_router)
+    app.include_router(sso_routes.router)
+    app.include_router(sso_routes.login_router)
     app.include_router(gateway.router)
     console.install(app)
     app.router.routes.append(gateway.http_route)

@@ -16,6 +16,9 @@ from raypod.controlplane import identity
 log = logging.getLogger(__name__)
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# A GET that changes something: the provider sends the browser back to it to sign in (the query, which holds the
+# authorization code, is never recorded).
+SIGN_IN_CALLBACK = "/login/sso/callback"
 PRINCIPAL = "principal"  # the key authentication sets in the request's state
 TARGET = "audit_target"  # the key a route sets where its path does not name what it changes
 # Calls of a cluster's models through the gateway are reads of it (whoever may view it may call them): not changes,
@@ -52,7 +55,7 @@ def describe(scope: Scope) -> tuple[str, str, str]:
         return "gateway", f"{scope.get('method', '')} {path}", f"{origin.namespace}/{origin.name}"
     if path.startswith("/api/"):
         source = "api"
-    elif path in ("/login", "/logout"):
+    elif path in ("/login", "/logout") or path.startswith("/login/sso/"):
         source = "login"
     elif path.startswith(("/clusters/", "/spaces/")):
         source = "gateway"
@@ -70,7 +73,7 @@ class AuditTrail:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") in SAFE_METHODS:
+        if scope["type"] != "http" or (scope.get("method") in SAFE_METHODS and scope.get("path") != SIGN_IN_CALLBACK):
             await self.app(scope, receive, send)
             return
         state: dict[str, Any] = scope.setdefault("state", {})

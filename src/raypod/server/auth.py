@@ -6,7 +6,7 @@ import hmac
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
 from starlette.requests import HTTPConnection
 
 from raypod import errors
@@ -54,6 +54,19 @@ def check_same_origin(request: Request) -> None:
 
 def session_cookie_name(secure: bool) -> str:
     return SECURE_SESSION_COOKIE if secure else SESSION_COOKIE
+
+
+def set_session_cookie(request: Request, response: Response, session: str) -> None:
+    """The console's session cookie: HttpOnly, Secure over TLS, SameSite=Strict; the one place it is set."""
+    secure = request.url.scheme == "https"
+    response.set_cookie(
+        session_cookie_name(secure),
+        session,
+        httponly=True,
+        secure=secure,
+        samesite="strict",
+        max_age=int(identity.SESSION_TTL.total_seconds()),
+    )
 
 
 def session_id(connection: HTTPConnection) -> str | None:

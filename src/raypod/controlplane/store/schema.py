@@ -232,3 +232,37 @@ schedules = sa.Table(
     sa.Column("last_scheduled_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("last_message", sa.Text, nullable=False, server_default=""),
 )
+
+# Single sign-on (controlplane/sso.py): the provider identity (issuer, subject) each SSO user is bound to, so another
+# identity can never take a user name over; logins under way (state, nonce and PKCE verifier, at most 10 minutes,
+# used once); and the raypod tokens SSO minted, with the provider session they came from (a back-channel logout
+# revokes them).
+sso_accounts = sa.Table(
+    "sso_accounts",
+    metadata,
+    sa.Column("issuer", sa.String(255), primary_key=True),
+    sa.Column("subject", sa.String(255), primary_key=True),
+    sa.Column("user", sa.String(63), nullable=False, unique=True),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("last_login_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+sso_pending = sa.Table(
+    "sso_pending",
+    metadata,
+    sa.Column("state_hash", sa.String(64), primary_key=True),
+    sa.Column("binding_hash", sa.String(64), nullable=False),
+    sa.Column("nonce", sa.String(64), nullable=False),
+    sa.Column("code_verifier", sa.String(128), nullable=False),
+    sa.Column("next_url", sa.String(2048), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
+sso_tokens = sa.Table(
+    "sso_tokens",
+    metadata,
+    sa.Column("token_id", sa.String(16), primary_key=True),
+    sa.Column("issuer", sa.String(255), nullable=False),
+    sa.Column("subject", sa.String(255), nullable=False, index=True),
+    sa.Column("sid", sa.String(255), nullable=True, index=True),
+)

@@ -22,7 +22,7 @@ from raypod import spec as spec_mod
 from raypod.backends.kuberay import manifests
 from raypod.controlplane import identity, store
 from raypod.controlplane.plane import ControlPlane
-from raypod.server import auth
+from raypod.server import audit, auth
 from raypod.server.console import views
 from raypod.server.routes.clusters import NamePath
 from raypod.server.routes.jobs import JobIdPath
@@ -145,8 +145,73 @@ def _namespaces(request: Request, principal: identity.Principal) -> list[str]:
 
 @router.get("/login", response_class=HTMLResponse)
 def login_page(request: Request, next: str = "/") -> Response:
-    """Public: the token login form. ``next`` must be a path on this server (no open redirect)."""
-    return _render(request, None, "login.html", next_url=auth.same_origin_path(next))
+    """Public: the token login form, and single sign-on's button where it is configured. ``next`` must be a path
+    on this server (no open redirect)."""
+    return _login(request, auth.same_origin_path(next))
+
+
+def _login(request: Request, next_url: str, error: str = "", status_code: int = 200) -> Response:
+    sso = _plane(request).sso
+    sso_name = sso.settings.display_name if sso is not None else ""
+    return _render(
+        request, None, "login.html", status_code=status_code, next_url=next_url, sso_name=sso_name, error=error
+    )
+
+
+SSO_BINDING_COOKIE = "raypod_sso_login"
+
+
+@router.get("/login/sso")
+def sso_login(request: Request, next: str = "/") -> Response:
+    """Public: off to the provider (authorization code flow with PKCE); a cookie binds the login to this browser.
+    SameSite=Lax: the provider's redirect back is a cross-site navigation, which a Strict cookie would miss."""
+    sso = _plane(request).sso
+    if sso is None:
+        return _login(request, "/", "Single sign-on is not configured on this server.", 404)
+    try:
+        url, binding = sso.begin_login(auth.same_origin_path(next))
+    except errors.RaypodError as exc:
+        return _login(request, auth.same_origin_path(next), exc.message, exc.http_status)
+    response = RedirectResponse(url, status_code=303)
+    secure = request.url.scheme == "https"
+    response.set_cookie(
+        SSO_BINDING_COOKIE, binding, httponly=True, secure=secure, samesite="lax", max_age=600, path="/login/sso"
+    )
+    return response
+
+
+@router.get("/login/sso/callback")
+def sso_callback(
+    request: Request,
+    state: Annotated[str, Query(max_length=512)] = "",
+    code: Annotated[str, Query(max_length=4096)] = "",
+    error: Annotated[str, Query(max_length=200)] = "",
+    error_description: Annotated[str, Query(max_length=500)] = "",
+    iss: Annotated[str | None, Query(max_length=512)] = None,
+) -> Response:
+    """Public: the provider sends the browser back here. A session is made for the identity it vouches for, then a
+    page of this site moves on (a same-site navigation, so the SameSite=Strict session cookie goes with it)."""
+    sso = _plane(request).sso
+    if sso is None:
+        return _login(request, "/", "Single sign-on is not configured on this server.", 404)
+    try:
+        if error:
+            raise errors.Unauthenticated(
+                f"the provider said: {error}" + (f" ({error_description})" if error_description else "")
+            )
+        if iss is not None and iss.rstrip("/") != sso.settings.issuer:  # RFC 9207: no mix-up with another provider
+            raise errors.Unauthenticated("the answer came from another provider than this server's")
+        signed = sso.finish_login(state, code, request.cookies.get(SSO_BINDING_COOKIE))
+    except errors.RaypodError as exc:
+        response = _login(request, "/", f"Single sign-on failed: {exc.message}", exc.http_status)
+        response.delete_cookie(SSO_BINDING_COOKIE, path="/login/sso")
+        return response
+    audit.remember(request.state, signed.principal)
+    session, _csrf = _plane(request).identities.create_session(signed.principal)
+    response = _render(request, signed.principal, "signed_in.html", next_url=signed.next_url)
+    auth.set_session_cookie(request, response, session)
+    response.delete_cookie(SSO_BINDING_COOKIE, path="/login/sso")
+    return response
 
 
 @router.get("/")

@@ -14,7 +14,15 @@ from raypod import state
 from raypod.controlplane import governance, identity
 from raypod.controlplane.plane import ControlPlane
 from raypod.server import audit
-from raypod.server.auth import CSRF_HEADER, Caller, check_same_origin, identities, session_cookie_name, session_id
+from raypod.server.auth import (
+    CSRF_HEADER,
+    Caller,
+    check_same_origin,
+    identities,
+    session_cookie_name,
+    session_id,
+    set_session_cookie,
+)
 from raypod.server.routes import part
 
 router = APIRouter(prefix="/api/v1", tags=["identities"])
@@ -137,14 +145,7 @@ def login(request: Request, response: Response, ids: Identities, token: Annotate
     check_same_origin(request)
     principal = audit.remember(request.state, ids.authenticate_token(token.strip()[:512]))
     session, csrf = ids.create_session(principal)
-    response.set_cookie(
-        session_cookie_name(request.url.scheme == "https"),
-        session,
-        httponly=True,
-        secure=request.url.scheme == "https",
-        samesite="strict",
-        max_age=int(identity.SESSION_TTL.total_seconds()),
-    )
+    set_session_cookie(request, response, session)
     return LoginResult(user=principal.user, csrf_token=html.escape(csrf))
 
 
