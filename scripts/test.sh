@@ -11,7 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 
-DEBIAN_PACKAGES=(chromium prometheus iptables)
+# npm (with Node.js) runs the real OpenID Connect provider of the single sign-on tests (tests/sso).
+DEBIAN_PACKAGES=(chromium prometheus iptables npm)
 debian_packages() {
   local missing=() package SUDO=""
   for package in "${DEBIAN_PACKAGES[@]}"; do
@@ -79,6 +80,12 @@ checks_beside_tests() {
   return "$rc"
 }
 
+# The single sign-on tests' OpenID Connect provider (oidc-provider, pinned in tests/sso/package-lock.json).
+oidc_provider() {
+  command -v npm >/dev/null 2>&1 || { echo "no npm: the single sign-on tests will be skipped"; return 0; }
+  (cd tests/sso && npm ci --no-audit --no-fund --silent)
+}
+
 # The Debian packages install beside pip (each waits on the network more than on the CPU).
 debian_log=$(mktemp)
 debian_packages >"$debian_log" 2>&1 &
@@ -87,6 +94,7 @@ phase install install || exit 1
 wait "$debian" || { cat "$debian_log"; echo "installing Debian packages failed"; exit 1; }
 cat "$debian_log"
 rm -f "$debian_log"
+phase "OIDC provider" oidc_provider || exit 1
 if [ "$#" -gt 0 ]; then
   # A chosen subset (extra arguments go to pytest): one run, after lint and types.
   phase checks checks && phase tests pytest --durations=30 "$@"

@@ -21,7 +21,7 @@ import pytest
 from raypod.client import Client
 from raypod.client._http import tls_verify
 from raypod.testing import free_port
-from tests.e2e.conftest import BROWSER_MISSING, CHROMIUM, RaypodServer, module_server, wait_until
+from tests.e2e.conftest import BROWSER_MISSING, CHROMIUM, RaypodServer, wait_until
 from tests.sso.provider import MISSING, OidcProvider
 
 pytestmark = [
@@ -31,6 +31,9 @@ pytestmark = [
     pytest.mark.skipif(MISSING, reason="the test OIDC provider is not installed (npm ci in tests/sso)"),
     pytest.mark.skipif(BROWSER_MISSING, reason=f"{CHROMIUM} is not installed (apt-get install chromium)"),
 ]
+
+
+HELLO = ["python", "-c", "print('hello from sso')"]
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +106,13 @@ def test_a_provider_user_logs_in_to_the_console_and_lands_with_the_teams_of_thei
     with server.client() as api:
         assert "mallory" not in {user.name for user in api.users.list()}
 
+    # the provider rotates its signing key (the old one retired): the next login verifies with the new one
+    provider.rotate_keys(ca_file=server.ca_file)
+    page.goto(f"{server.url}/login?next=/quotas")
+    page.get_by_test_id("sso-login").click()
+    sign_in_at_provider(page, "alice")
+    page.wait_for_url(f"{server.url}/quotas")
+
 
 def test_raypod_login_then_ray_job_submit_with_no_token_pasted(
     server: RaypodServer, provider: OidcProvider, page: Any, tmp_path: Path
@@ -129,7 +139,8 @@ def test_raypod_login_then_ray_job_submit_with_no_token_pasted(
             if line.startswith("Open "):
                 url_line.set()
 
-    threading.Thread(target=read, daemon=True).start()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     assert url_line.wait(60), "".join(lines)
     url = next(line for line in lines if line.startswith("Open ")).split()[1]
     page.goto(url)
@@ -137,6 +148,8 @@ def test_raypod_login_then_ray_job_submit_with_no_token_pasted(
     sign_in_at_provider(page, "olga")
     page.get_by_text("Sign-in Success").or_(page.get_by_text("success", exact=False)).first.wait_for()
     assert login.wait(60) == 0, "".join(lines)
+    reader.join(10)
+    login.stdout.close()
     assert "Signed in as olga" in "".join(lines)
     credentials = json.loads((laptop / "credentials").read_text())
     assert oct((laptop / "credentials").stat().st_mode & 0o777) == "0o600"
@@ -154,8 +167,7 @@ def test_raypod_login_then_ray_job_submit_with_no_token_pasted(
             api.clusters.create({"name": "sso-demo", "namespace": "ml-work", "head": {"memory": "512Mi"}})
             api.clusters.wait_ready("sso-demo", "ml-work", timeout=180)
     submitted = subprocess.run(
-        [str(bin_dir / "ray"), "job", "submit", "--address", "raypod://sso-demo/ml-work", "--"]
-        + ["python", "-c", "print('hello from sso')"],
+        [str(bin_dir / "ray"), "job", "submit", "--address", "raypod://sso-demo/ml-work", "--", *HELLO],
         env=env,
         capture_output=True,
         text=True,
@@ -163,8 +175,7 @@ def test_raypod_login_then_ray_job_submit_with_no_token_pasted(
     )
     assert submitted.returncode == 0 and "hello from sso" in submitted.stdout, submitted.stderr[-2000:]
 
-    # the token is near its end: the next call refreshes it through the provider (a rotated key included)
-    provider.rotate_keys(ca_file=server.ca_file)
+    # the token is near its end: the next call refreshes it through the provider
     credentials["token_expires_at"] = "2000-01-01T00:00:00+00:00"
     (laptop / "credentials").write_text(json.dumps(credentials))
     with pytest.MonkeyPatch.context() as patch:

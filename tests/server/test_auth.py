@@ -29,6 +29,14 @@ PUBLIC = {
     ("GET", "/docs"),
     ("GET", "/docs/oauth2-redirect"),
     ("GET", "/redoc"),
+    # Single sign-on (docs/sso.md): each is authenticated by what the provider issued, never a raypod credential.
+    ("GET", "/login/sso"),
+    ("GET", "/login/sso/callback"),
+    ("POST", "/login/sso/backchannel-logout"),
+    ("GET", "/api/v1/sso"),
+    ("POST", "/api/v1/sso/device"),
+    ("POST", "/api/v1/sso/device/token"),
+    ("POST", "/api/v1/sso/refresh"),
 }
 # Console pages send a browser without a session to the login page instead of answering 401.
 CONSOLE_PAGES = {

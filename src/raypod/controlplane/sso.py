@@ -38,7 +38,7 @@ ID_TOKEN_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES
 BACKCHANNEL_EVENT = "http://schemas.openid.net/event/backchannel-logout"
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 METADATA_TTL_S = 3600.0
-JWKS_REFETCH_MIN_S = 10.0  # an unknown key id refetches the JWKS at most this often (no refetch storm)
+JWKS_REFETCH_MIN_S = 2.0  # an unknown key id refetches the JWKS at most this often (no refetch storm)
 
 
 def _hash(value: str) -> str:
@@ -76,7 +76,7 @@ class ProviderKeys:
         self._metadata_at = 0.0
         self._keys: KeySet | None = None
         self._keys_at = 0.0
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the keys' URL comes from the discovery document, read under it too
 
     def metadata(self) -> dict[str, Any]:
         with self._lock:

@@ -1,0 +1,158 @@
+"""Single sign-on's rules against a real provider's discovery document and keys (tests/sso/provider.mjs): which ID
+tokens are refused (forged, expired, another audience or issuer, unsigned or HMAC-signed, another login's nonce,
+issued in the future), a rotated key picked up, and how a verified identity becomes a user (made at first login,
+its teams set from its groups each time, refused and its tokens revoked once in no mapped group, never taking over
+a local user's name). Browser and CLI logins are tests/e2e/test_sso.py's."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from joserfc import jwt
+from joserfc.jwk import OctKey
+
+from raypod import config, errors, state
+from raypod.controlplane import sso, store
+from raypod.controlplane.identity import IdentityService
+from raypod.testing import free_port
+from tests.sso.provider import CLIENT_ID, GROUPS, MISSING, OidcProvider, signing_key
+
+pytestmark = pytest.mark.skipif(MISSING, reason="the test OIDC provider is not installed (npm ci in tests/sso)")
+
+
+@pytest.fixture(scope="module")
+def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcProvider]:
+    found = OidcProvider(tmp_path_factory.mktemp("oidc"), free_port(), "https://127.0.0.1:1")
+    found.start()
+    yield found
+    found.stop()
+
+
+@pytest.fixture
+def service(provider: OidcProvider, tmp_path: Path) -> Iterator[sso.SsoService]:
+    settings = config.SsoSettings(
+        issuer=provider.issuer, client_id=CLIENT_ID, client_secret=provider.secret, groups=config.group_grants(GROUPS)
+    )
+    db = store.Store(f"sqlite:///{tmp_path / 'raypod.db'}")
+    found = sso.SsoService(db, IdentityService(db), settings, "https://raypod.example/login/sso/callback")
+    yield found
+    found.close()
+    db.close()
+
+
+def id_token(provider: OidcProvider, key: Any = None, header: dict[str, Any] | None = None, **claims: Any) -> str:
+    now = int(time.time())
+    body = {"iss": provider.issuer, "aud": CLIENT_ID, "sub": "alice", "iat": now, "exp": now + 300}
+    body.update(claims)
+    signer = key or provider.keys[0]
+    return jwt.encode(
+        header or {"alg": "RS256", "kid": signer.kid}, body, signer, algorithms=[(header or {}).get("alg", "RS256")]
+    )
+
+
+def test_only_id_tokens_the_provider_signed_for_raypod_are_accepted(
+    provider: OidcProvider, service: sso.SsoService
+) -> None:
+    assert sso.verify_jwt(service.keys, id_token(provider, nonce="n1"), nonce="n1")["sub"] == "alice"
+    now = int(time.time())
+    forged_key = signing_key(provider.keys[0].kid or "")  # same key id, not the provider's key
+    refused = {
+        "forged": (id_token(provider, key=forged_key), "signature is not the provider's"),
+        "expired": (id_token(provider, exp=now - 120, iat=now - 600), "has expired"),
+        "audience": (id_token(provider, aud="another-app"), "another application"),
+        "two audiences, no azp": (id_token(provider, aud=[CLIENT_ID, "other"]), "another application"),
+        "issuer": (id_token(provider, iss="https://evil.example"), "iss"),
+        "future": (id_token(provider, iat=now + 3600, exp=now + 7200), "not valid yet"),
+        "nonce": (id_token(provider, nonce="another-login"), "nonce"),
+        "hmac": (
+            id_token(provider, key=OctKey.import_key(provider.secret.encode() * 2), header={"alg": "HS256"}),
+            "refuses",
+        ),
+        "garbage": ("not.a.jwt", "malformed"),
+    }
+    for case, (token, message) in refused.items():
+        with pytest.raises(errors.Unauthenticated) as caught:
+            sso.verify_jwt(service.keys, token, nonce="n1")
+        assert message in caught.value.message, (case, caught.value.message)
+        assert token not in caught.value.message
+
+
+def test_a_rotated_signing_key_is_fetched_when_a_token_names_it(
+    provider: OidcProvider, service: sso.SsoService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sso.verify_jwt(service.keys, id_token(provider))  # the old key is cached
+    provider.rotate_keys()
+    monkeypatch.setattr(sso, "JWKS_REFETCH_MIN_S", 0.0)
+    assert sso.verify_jwt(service.keys, id_token(provider))["sub"] == "alice"
+    published = httpx.get(service.keys.endpoint("jwks_uri")).json()
+    assert [key["kid"] for key in published["keys"]] == [provider.keys[0].kid]
+
+
+def test_groups_make_the_user_and_its_teams_and_removal_revokes(service: sso.SsoService) -> None:
+    ids = service.identities
+    signed = service.sign_in(
+        {"sub": "s-1", "preferred_username": "Jane.Doe@Example.com", "groups": ["ml-engineers"]},
+        "sso-cli",
+        service.settings.token_ttl,
+        None,
+    )
+    assert signed.principal.user == "jane-doe" and signed.principal.teams == {"ml": state.Role.MEMBER}
+    assert not signed.principal.is_admin
+    assert ids.authenticate_token(signed.token.token).user == "jane-doe"
+
+    again = service.sign_in(
+        {"sub": "s-1", "preferred_username": "renamed", "groups": ["ml-leads", "platform"]},
+        "sso-cli",
+        service.settings.token_ttl,
+        None,
+    )
+    assert again.principal.user == "jane-doe", "bound to the provider's subject, not to a name it may change"
+    assert again.principal.teams == {"ml": state.Role.ADMIN} and again.principal.is_admin
+
+    with pytest.raises(errors.Forbidden, match="none of the groups"):
+        service.sign_in(
+            {"sub": "s-1", "preferred_username": "jane", "groups": ["sales"]},
+            "sso-cli",
+            service.settings.token_ttl,
+            None,
+        )
+    for token in (signed.token.token, again.token.token):
+        ids.cache.clear()
+        with pytest.raises(errors.Unauthenticated):
+            ids.authenticate_token(token)  # removal takes effect now, not when the tokens would have expired
+
+
+def test_a_provider_identity_never_takes_over_a_local_or_another_identitys_user(service: sso.SsoService) -> None:
+    service.identities.create_user("admin", is_admin=True)
+    with pytest.raises(errors.Conflict, match="local user"):
+        service.sign_in(
+            {"sub": "s-2", "preferred_username": "admin", "groups": ["platform"]},
+            "sso-cli",
+            service.settings.token_ttl,
+            None,
+        )
+    service.sign_in(
+        {"sub": "s-3", "preferred_username": "bob", "groups": ["ml-engineers"]},
+        "sso-cli",
+        service.settings.token_ttl,
+        None,
+    )
+    with pytest.raises(errors.Conflict, match="another single sign-on identity"):
+        service.sign_in(
+            {"sub": "s-4", "preferred_username": "bob", "groups": ["ml-engineers"]},
+            "sso-cli",
+            service.settings.token_ttl,
+            None,
+        )
+
+
+def test_a_bad_group_mapping_is_a_clear_error() -> None:
+    for raw in ({"g": {"team": "ml", "installation_admin": True}}, {"g": {"team": "Bad Team"}}, {"g": {"role": "x"}}):
+        with pytest.raises(errors.InvalidSpec, match="RAYPOD_SSO_GROUPS: group 'g'"):
+            config.group_grants(json.loads(json.dumps(raw)))
