@@ -14,7 +14,7 @@ import pytest
 from raypod import config, state
 from raypod import spec as spec_mod
 from raypod.backends import base, fake
-from raypod.controlplane import identity
+from raypod.controlplane import identity, suspension
 from raypod.controlplane.plane import ControlPlane
 from tests.capabilities.autoscaling.test_scaler import resource_state
 
@@ -109,3 +109,27 @@ def test_a_cluster_with_a_running_job_busy_ray_or_a_users_actor_is_not_suspended
     assert not plane.store.get("ml", "idle").suspended, "suspended under a user's actor"
     backend.actors[view.uid] = [{"class_name": "_AutoscalingCoordinatorActor"}, {"class_name": "TrainStateActor"}]
     passes_until(plane, "idle", lambda v: v.suspended)
+
+
+def test_without_the_gcs_feed_as_on_kuberay_rays_state_api_says_whether_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(suspension, "STATE_API_EVERY_S", 0.0)
+    backend = fake.FakeBackend()  # no RESOURCE_STATE: raypod does not read this cluster's GCS (KubeRay's case)
+    plane = ControlPlane.open(config.Settings(home=tmp_path, tls=False), backend=backend)
+    try:
+        plane.identities.create_team("ml")
+        plane.identities.create_namespace("ml", "ml")
+        view = plane.clusters.create(ADMIN, spec_mod.parse_spec(SPEC))
+        view = passes_until(plane, "idle", lambda v: v.status.phase is state.ClusterPhase.READY)
+        backend.live_tasks[view.uid] = [{"name": "train_step", "state": "RUNNING"}]
+        deadline = time.monotonic() + 1.6  # well over the timeout
+        while time.monotonic() < deadline:
+            plane.reconciler.reconcile_all()
+            time.sleep(0.05)
+        assert not plane.store.get("ml", "idle").suspended, "suspended while a task ran"
+        backend.live_tasks[view.uid] = []
+        passes_until(plane, "idle", lambda v: v.suspended)
+    finally:
+        plane.backend.close()
+        plane.store.close()

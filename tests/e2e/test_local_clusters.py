@@ -60,6 +60,21 @@ def cluster(api: Client) -> state.ClusterView:
     return api.clusters.wait_ready("e2e", timeout=180)
 
 
+EVERY_MINUTE = "every-minute"
+MINE = f"default/{EVERY_MINUTE}"  # what a run's job metadata names its schedule by
+
+
+def every_minute(api: Client) -> state.ScheduleView:
+    """A schedule of the module's cluster that runs a short job each minute (the kill -9 test checks that none runs
+    twice): made by the first test, so that by the kill test a run or two have usually been made already."""
+    if EVERY_MINUTE not in {view.spec.name for view in api.schedules.list("default")}:
+        job = {"entrypoint": "python -c pass"}
+        api.schedules.create(
+            {"name": EVERY_MINUTE, "cluster": "e2e", "cron": "* * * * *", "job": job, "concurrency_policy": "Forbid"}
+        )
+    return api.schedules.get(EVERY_MINUTE)
+
+
 def node(view: state.ClusterView, name: str) -> state.NodeStatus:
     return next(n for n in view.status.nodes if n.name == name)
 
@@ -76,8 +91,9 @@ def wait_for_event(api: Client, reason: str, count: int = 1, timeout: float = 60
 
 
 def test_created_cluster_runs_real_ray_nodes_with_the_spec(
-    raypod_server: RaypodServer, cluster: state.ClusterView
+    raypod_server: RaypodServer, api: Client, cluster: state.ClusterView
 ) -> None:
+    every_minute(api)
     assert [n.name for n in cluster.status.nodes] == ["head", "cpu-0"]
     assert cluster.spec.owner == "admin"
     out = run_driver(
@@ -187,6 +203,7 @@ def test_a_killed_worker_is_detected_and_replaced(api: Client, cluster: state.Cl
 def test_kill_9_of_the_daemon_leaves_clusters_running_and_a_new_daemon_adopts_them(
     raypod_server: RaypodServer, api: Client, cluster: state.ClusterView
 ) -> None:
+    schedule = every_minute(api)
     before = api.clusters.wait_ready("e2e", timeout=60)
     pids = {n.name: n.pid for n in before.status.nodes}
     processes_before = {p.pid for p in cluster_processes(before.uid)}
@@ -202,6 +219,23 @@ def test_kill_9_of_the_daemon_leaves_clusters_running_and_a_new_daemon_adopts_th
     new_events = [e.reason for e in api.clusters.events("e2e", limit=1000)[events_before:]]
     assert not any(r.startswith(("Created", "Replaced", "Deleted")) for r in new_events), new_events
     assert {p.pid for p in cluster_processes(before.uid)} == processes_before
+
+    # The schedule survived too: every minute it named since it was made has one run (the one missed while the
+    # server was down, once), and no run was submitted to Ray twice.
+    deadline = time.monotonic() + 90
+    while not (runs := [j for j in api.jobs.list("e2e") if j.spec.metadata.get("raypod.schedule") == MINE]):
+        assert time.monotonic() < deadline, "the schedule made no run"
+        time.sleep(0.5)
+    raypod_server.wait_for_passes(3)
+    runs = [j for j in api.jobs.list("e2e") if j.spec.metadata.get("raypod.schedule") == MINE]
+    view = api.schedules.get(EVERY_MINUTE)
+    assert view.last_scheduled_at is not None
+    minutes = int((view.last_scheduled_at - schedule.created_at).total_seconds() // 60) + 1
+    assert len(runs) == minutes, [(j.id, j.created_at) for j in runs]
+    assert all(len(j.attempts) <= 1 for j in runs), [(j.id, j.attempts) for j in runs]
+    submissions = [a.submission_id for j in runs for a in j.attempts]
+    assert len(submissions) == len(set(submissions)), submissions
+    api.schedules.delete(EVERY_MINUTE)
 
 
 def test_bad_input_is_refused_and_disturbs_nothing(

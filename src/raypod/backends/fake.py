@@ -60,6 +60,7 @@ class FakeBackend(base.NodesFollowActions):
         self.resource_states: dict[str, bytes] = {}  # cluster id -> what ``resource_state`` answers
         self.resource_state_error: Exception | None = None
         self.actors: dict[str, list[dict[str, Any]]] = {}  # cluster id -> live actors its Ray's state API lists
+        self.live_tasks: dict[str, list[dict[str, Any]]] = {}  # cluster id -> tasks not ended, as that API lists them
         self._job_http = httpx.Client(transport=httpx.MockTransport(self._answer_job_api))
         self._listener: Callable[[str], None] = lambda cluster_id: None
 
@@ -253,6 +254,10 @@ class FakeBackend(base.NodesFollowActions):
                 kind = path.split("/")[2]
                 return httpx.Response(200, json={"data": {"result": {"total": 0, "kind": kind}}})
             if path == "api/v0/tasks":
+                unfinished = request.url.params.get_list("filter_predicates") == ["!=", "!="]
+                tasks = self.live_tasks.get(cluster_id, []) if unfinished else []
+                return httpx.Response(200, json={"data": {"result": {"result": tasks}}})
+            if path == "api/v0/placement_groups":
                 return httpx.Response(200, json={"data": {"result": {"result": []}}})
             if path == "api/v0/actors":
                 actors = self.actors.get(cluster_id, [])

@@ -62,6 +62,24 @@ class RayJobApi:
         result = found.get("data", {}).get("result", {}).get("result", [])
         return [actor for actor in result if isinstance(actor, dict)] if isinstance(result, list) else []
 
+    def live_work(self, limit: int = 10) -> builtins.list[str]:
+        """What Ray's state API says still runs or waits: tasks not ended (any state but FINISHED and FAILED) and
+        placement groups not removed, named (at most ``limit`` of each); empty when nothing does."""
+        unfinished = {
+            "filter_keys": ["state", "state"],
+            "filter_predicates": ["!=", "!="],
+            "filter_values": ["FINISHED", "FAILED"],
+            "detail": "false",
+            "limit": limit,
+        }
+        kept = {"filter_keys": "state", "filter_predicates": "!=", "filter_values": "REMOVED", "limit": limit}
+        found: builtins.list[str] = []
+        for kind, params, name in (("tasks", unfinished, "name"), ("placement_groups", kept, "placement_group_id")):
+            reply = _object(self._call("GET", f"/api/v0/{kind}", params=params))
+            rows = reply.get("data", {}).get("result", {}).get("result", [])
+            found += [f"{kind[:-1]} {row.get(name, '?')}" for row in (rows if isinstance(rows, list) else [])]
+        return found
+
     def stop(self, submission_id: str) -> dict[str, Any]:
         return _object(self._call("POST", f"/api/jobs/{submission_id}/stop"))
 

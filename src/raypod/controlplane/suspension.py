@@ -4,7 +4,9 @@ quota is given back at once); ``resume`` (``raypod cluster resume``, or a job su
 
 Nothing runs means all of, for the whole time: the cluster is Ready; no raypod job of it is pending or running
 (plain-Ray submissions are imported as jobs too); no model deployment is on it; no workspace of it runs; its Ray
-has no pending demand and no task, actor or placement group holds any of its resources; and no actor is alive but
+has no pending demand and no task, actor or placement group holds any of its resources (on KubeRay, whose GCS raypod
+does not read: no task is unfinished and no placement group is kept, as Ray's state API says, asked at most every
+10 s); and no actor is alive but
 the libraries' own (classes whose names start with ``_``, such as Ray Data's ``_AutoscalingCoordinatorActor``, and
 Ray Train's ``TrainStateActor``): a Serve controller or a user's detached actor keeps it up. What raypod cannot see
 (the GCS or the dashboard does not answer, a backend that does not report Ray's resource state) is never taken for
@@ -24,6 +26,7 @@ from raypod.controlplane.store.jobs import JobRecords
 from raypod.controlplane.store.models import DeploymentStore
 
 HEAD = "head"
+STATE_API_EVERY_S = 10.0
 SYSTEM_ACTORS = frozenset({"TrainStateActor"})  # besides every class named _...: libraries' own, kept after runs
 
 
@@ -34,6 +37,7 @@ class IdleSuspender:
         self.jobs = JobRecords(clusters.store.engine)
         self.deployments = DeploymentStore(clusters.store.engine)
         self._quiet_since: dict[str, float] = {}  # raypod's side (jobs, deployments, workspaces), this process' clock
+        self._state_api_answers: dict[str, tuple[float, bool]] = {}  # cluster uid -> (when, quiet), without the GCS
 
     def step(self, view: state.ClusterView, observed: state.ObservedCluster) -> None:
         """Suspend ``view`` if it has been idle for its ``suspend_after_idle_s``."""
@@ -61,17 +65,33 @@ class IdleSuspender:
         return not self.deployments.of_cluster(view.uid)
 
     def _quiet_in_ray(self, view: state.ClusterView, observed: state.ObservedCluster) -> bool:
-        """Nothing waits and nothing holds resources, as the cluster's GCS reports it; False when unknown."""
+        """Nothing waits and nothing holds resources, as the cluster's GCS reports it (or, on a backend that does not
+        read the GCS, KubeRay's, as Ray's state API lists tasks and placement groups); False when unknown."""
         head = observed.nodes.get(HEAD)
-        if base.Feature.RESOURCE_STATE not in self.clusters.backend.features or not observed.gcs_reachable:
-            return False
         if head is None or head.phase is not state.NodePhase.RUNNING:
+            return False
+        if base.Feature.RESOURCE_STATE not in self.clusters.backend.features:
+            return self._quiet_in_state_api(view)
+        if not observed.gcs_reachable:
             return False
         try:
             raw = self.clusters.backend.resource_state(view.uid)
         except Exception:  # an unreadable state is not an idle one
             return False
         return raw is not None and scaler.nothing_held(raw)
+
+    def _quiet_in_state_api(self, view: state.ClusterView) -> bool:
+        """Asked of the cluster's dashboard at most every ``STATE_API_EVERY_S`` per cluster (one call a pass per
+        cluster would not scale to a thousand clusters): between two answers, the last one stands."""
+        asked = self._state_api_answers.get(view.uid)
+        if asked is not None and time.monotonic() - asked[0] < STATE_API_EVERY_S:
+            return asked[1]
+        try:
+            quiet = not self.api(view).live_work()
+        except Exception:  # an unreadable state is not an idle one
+            quiet = False
+        self._state_api_answers[view.uid] = (time.monotonic(), quiet)
+        return quiet
 
     def _user_actors(self, view: state.ClusterView) -> list[str]:
         """The live actors that are not the libraries' own (asked only once everything else has been quiet for the
