@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Response
 
@@ -32,14 +32,12 @@ def get_schedule(caller: Caller, namespace: NamePath, name: NamePath, svc: Servi
     return svc.get(caller, namespace, name)
 
 
-@router.post("/namespaces/{namespace}/schedules/{name}/suspend")
-def suspend_schedule(caller: Caller, namespace: NamePath, name: NamePath, svc: Service) -> state.ScheduleView:
-    return svc.set_suspended(caller, namespace, name, True)
-
-
-@router.post("/namespaces/{namespace}/schedules/{name}/resume")
-def resume_schedule(caller: Caller, namespace: NamePath, name: NamePath, svc: Service) -> state.ScheduleView:
-    return svc.set_suspended(caller, namespace, name, False)
+@router.post("/namespaces/{namespace}/schedules/{name}/{action}")
+def suspend_or_resume_schedule(
+    caller: Caller, namespace: NamePath, name: NamePath, action: Literal["suspend", "resume"], svc: Service
+) -> state.ScheduleView:
+    """``suspend``: no run is made until ``resume`` (the times passed meanwhile are not run)."""
+    return svc.set_suspended(caller, namespace, name, action == "suspend")
 
 
 @router.delete("/namespaces/{namespace}/schedules/{name}", status_code=204)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -51,19 +51,17 @@ def get(caller: Caller, svc: Service, namespace: NamePath, name: NamePath) -> st
     return svc.get(caller, namespace, name)
 
 
-@router.post("/namespaces/{namespace}/spaces/{name}/stop")
-def stop(caller: Caller, svc: Service, namespace: NamePath, name: NamePath) -> state.SpaceView:
-    return svc.set_running(caller, namespace, name, False)
-
-
-@router.post("/namespaces/{namespace}/spaces/{name}/start")
-def start(caller: Caller, svc: Service, namespace: NamePath, name: NamePath) -> state.SpaceView:
-    return svc.set_running(caller, namespace, name, True)
-
-
 @router.post("/namespaces/{namespace}/spaces/{name}/move")
 def move(caller: Caller, svc: Service, namespace: NamePath, name: NamePath, body: SpaceMove) -> state.SpaceView:
     return svc.move(caller, namespace, name, body.cluster)
+
+
+@router.post("/namespaces/{namespace}/spaces/{name}/{action}")
+def start_or_stop(
+    caller: Caller, svc: Service, namespace: NamePath, name: NamePath, action: Literal["start", "stop"]
+) -> state.SpaceView:
+    """``stop``: its node stops, its files stay; ``start`` brings it back."""
+    return svc.set_running(caller, namespace, name, action == "start")
 
 
 @router.delete("/namespaces/{namespace}/spaces/{name}")
