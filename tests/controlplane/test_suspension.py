@@ -6,7 +6,7 @@ resumes it and runs."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -133,3 +133,26 @@ def test_without_the_gcs_feed_as_on_kuberay_rays_state_api_says_whether_anything
     finally:
         plane.backend.close()
         plane.store.close()
+
+
+def test_a_workspace_keeps_its_cluster_up_while_in_use_and_not_after(
+    plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the IDE answers is tests/capabilities/spaces/test_activity.py's (a real JupyterLab); here, the rule."""
+    answers: list[Callable[[], float | None]] = [lambda: None]
+    monkeypatch.setattr(suspension.activity, "last_activity", lambda *_args: answers[-1]())
+    view = plane.clusters.create(ADMIN, spec_mod.parse_spec({**SPEC, "spaces": [{"name": "nb"}]}))
+    view = passes_until(plane, "idle", lambda v: v.status.phase is state.ClusterPhase.READY)
+    backend = plane.backend
+    assert isinstance(backend, fake.FakeBackend)
+    backend.sidecar_endpoints[view.uid] = {"space/nb": "http://ide.fake"}
+    idle_ray(plane, view)
+    for what, used in (("a kernel runs code", lambda: None), ("it was just used", time.time)):
+        answers.append(used)
+        deadline = time.monotonic() + 1.6  # well over the timeout
+        while time.monotonic() < deadline:
+            plane.reconciler.reconcile_all()
+            time.sleep(0.05)
+        assert not plane.store.get("ml", "idle").suspended, f"suspended while {what}"
+    answers.append(lambda: time.time() - 60)  # last used a minute ago
+    passes_until(plane, "idle", lambda v: v.suspended)

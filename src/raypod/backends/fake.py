@@ -60,6 +60,7 @@ class FakeBackend(base.NodesFollowActions):
         self.resource_states: dict[str, bytes] = {}  # cluster id -> what ``resource_state`` answers
         self.resource_state_error: Exception | None = None
         self.actors: dict[str, list[dict[str, Any]]] = {}  # cluster id -> live actors its Ray's state API lists
+        self.sidecar_endpoints: dict[str, dict[str, str]] = {}  # cluster id -> endpoints its sidecars would answer at
         self.live_tasks: dict[str, list[dict[str, Any]]] = {}  # cluster id -> tasks not ended, as that API lists them
         self._job_http = httpx.Client(transport=httpx.MockTransport(self._answer_job_api))
         self._listener: Callable[[str], None] = lambda cluster_id: None
@@ -96,9 +97,8 @@ class FakeBackend(base.NodesFollowActions):
                     )
                 elif node.phase is state.NodePhase.DRAINING:
                     nodes[name] = _replace(node, phase=state.NodePhase.DEAD, reason="drained")
-            return state.ObservedCluster(
-                nodes=dict(nodes), endpoints={"dashboard": f"http://fake/{cluster_id}"} if nodes else {}
-            )
+            endpoints = {"dashboard": f"http://fake/{cluster_id}", **self.sidecar_endpoints.get(cluster_id, {})}
+            return state.ObservedCluster(nodes=dict(nodes), endpoints=endpoints if nodes else {})
 
     def create_node(self, cluster_id: str, node: spec_mod.NodeSpec) -> None:
         with self._lock:

@@ -3,7 +3,9 @@ running for that long is suspended (every node stops; its spec, its workspaces' 
 quota is given back at once); ``resume`` (``raypod cluster resume``, or a job submitted to it) brings it back.
 
 Nothing runs means all of, for the whole time: the cluster is Ready; no raypod job of it is pending or running
-(plain-Ray submissions are imported as jobs too); no model deployment is on it; no workspace of it runs; its Ray
+(plain-Ray submissions are imported as jobs too); no model deployment is on it; no workspace of it is in use (a
+JupyterLab whose kernels are idle and whose kernels and terminals were last active longer ago than the timeout; a
+code editor, which cannot say, always counts as in use); its Ray
 has no pending demand and no task, actor or placement group holds any of its resources (on KubeRay, whose GCS raypod
 does not read: no task is unfinished and no placement group is kept, as Ray's state API says, asked at most every
 10 s); and no actor is alive but
@@ -18,9 +20,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import httpx
+
+from raypod import spec as spec_mod
 from raypod import state
 from raypod.backends import base, ray_jobs
 from raypod.capabilities.autoscaling import scaler
+from raypod.capabilities.spaces import activity
 from raypod.controlplane.clusters import ClusterService
 from raypod.controlplane.store.jobs import JobRecords
 from raypod.controlplane.store.models import DeploymentStore
@@ -48,21 +54,38 @@ class IdleSuspender:
         if view.status.phase is not state.ClusterPhase.READY:  # starting, changing, or not observable
             self._quiet_since.pop(view.uid, None)
             return
-        if not self._quiet_in_raypod(view) or not self._quiet_in_ray(view, observed):
+        used_at = self._last_used_in_raypod(view)
+        if used_at is None or not self._quiet_in_ray(view, observed):
             self._quiet_since.pop(view.uid, None)
             return
         since = self._quiet_since.setdefault(view.uid, time.monotonic())
-        if time.monotonic() - since < timeout or self._user_actors(view):
+        if time.monotonic() - since < timeout or time.time() - used_at < timeout or self._user_actors(view):
             return
         self._quiet_since.pop(view.uid, None)
         self.clusters.suspend(view, f"nothing ran for {timeout} s (no job, deployment, workspace, task or actor)")
 
-    def _quiet_in_raypod(self, view: state.ClusterView) -> bool:
-        if any(space.running for space in view.spec.spaces):
-            return False
+    def _last_used_in_raypod(self, view: state.ClusterView) -> float | None:
+        """None while a job of it is pending or running, a deployment is on it, or a workspace of it is in use (a
+        kernel runs code, or its IDE cannot tell); else when a workspace last ran code or had terminal input (0.0:
+        never), so the timeout counts from then."""
         if any(job.status not in state.FINISHED_JOB_STATUSES for job in self.jobs.of_cluster(*_names(view))):
-            return False
-        return not self.deployments.of_cluster(view.uid)
+            return None
+        if self.deployments.of_cluster(view.uid):
+            return None
+        latest = 0.0
+        running = [space for space in view.spec.spaces if space.running]
+        if not running:
+            return latest
+        with httpx.Client(timeout=5.0) as http:  # to the IDEs, through their nodes' sidecars
+            for space in running:
+                ide = view.status.endpoints.get(f"space/{space.name}")
+                token = self.clusters.backend.sidecar_token(view.uid, space.node_name(), spec_mod.IDE_SIDECAR)
+                base_path = f"/spaces/{view.spec.namespace}/{space.name}/"
+                used = activity.last_activity(ide, base_path, token, space.kind, http) if ide else None
+                if used is None:
+                    return None
+                latest = max(latest, used)
+        return latest
 
     def _quiet_in_ray(self, view: state.ClusterView, observed: state.ObservedCluster) -> bool:
         """Nothing waits and nothing holds resources, as the cluster's GCS reports it (or, on a backend that does not
