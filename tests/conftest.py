@@ -58,12 +58,26 @@ def raypod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RaypodSe
     from raypod.backends import local
     from raypod.testing import free_port
     from tests.e2e.conftest import RaypodServer, cluster_processes
+    from tests.sso.provider import MISSING as NO_PROVIDER
+    from tests.sso.provider import OidcProvider
 
-    server = RaypodServer(tmp_path_factory.mktemp("raypod-home"), free_port())
+    port = free_port()
+    # Single sign-on with a real OpenID Connect provider (tests/e2e/test_sso.py), where its package is installed.
+    provider = (
+        None if NO_PROVIDER else OidcProvider(tmp_path_factory.mktemp("oidc"), free_port(), f"https://127.0.0.1:{port}")
+    )
+    server = RaypodServer(
+        tmp_path_factory.mktemp("raypod-home"), port, extra_env=provider.raypod_env() if provider else {}
+    )
     server.start()
+    if provider is not None:
+        provider.start(ca_file=server.ca_file)  # raypod's CA: its back-channel logout calls raypod over TLS
+        server.oidc = provider
     try:
         yield server
     finally:
+        if provider is not None:
+            provider.stop()
         # Clusters that fail to delete fail the run (after everything is cleaned up): deletion is a capability too.
         failure: BaseException | None = None
         try:

@@ -42,6 +42,7 @@ class RaypodServer:
     port: int
     process: subprocess.Popen[bytes] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    oidc: Any = None  # tests.sso.provider.OidcProvider, when the server signs users in with it
     log: Path = field(init=False)
 
     def __post_init__(self) -> None:

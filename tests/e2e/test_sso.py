@@ -11,16 +11,16 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from raypod import state
 from raypod.client import Client
 from raypod.client._http import tls_verify
-from raypod.testing import free_port
+from tests.conftest import SHARED_CLUSTER
 from tests.e2e.conftest import BROWSER_MISSING, CHROMIUM, RaypodServer, wait_until
 from tests.sso.provider import MISSING, OidcProvider
 
@@ -37,33 +37,16 @@ HELLO = ["python", "-c", "print('hello from sso')"]
 
 
 @pytest.fixture(scope="module")
-def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcProvider]:
-    raypod_port = free_port()
-    found = OidcProvider(tmp_path_factory.mktemp("oidc"), free_port(), f"https://127.0.0.1:{raypod_port}")
-    found.set_accounts({"alice": ["ml-engineers"], "olga": ["platform", "ml-leads"], "mallory": ["other"]})
-    found.raypod_port = raypod_port  # type: ignore[attr-defined]
-    yield found
-    found.stop()
+def provider(raypod_server: RaypodServer) -> OidcProvider:
+    """The session server's provider (tests/conftest.py starts it beside the server, with the settings it needs)."""
+    assert isinstance(raypod_server.oidc, OidcProvider), "the session server runs without its OIDC provider"
+    raypod_server.oidc.set_accounts({"ada": ["ml-engineers"], "olga": ["platform", "ml-leads"], "eve": ["other"]})
+    return raypod_server.oidc
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, provider: OidcProvider) -> Iterator[RaypodServer]:
-    started = RaypodServer(
-        tmp_path_factory.mktemp("sso-server"),
-        provider.raypod_port,  # type: ignore[attr-defined]
-        extra_env=provider.raypod_env(),
-    )
-    started.start()
-    provider.start(ca_file=started.ca_file)
-    try:
-        yield started
-    finally:
-        with started.client() as api:
-            for view in api.clusters.list():
-                api.clusters.delete(view.spec.name, view.spec.namespace)
-            for view in api.clusters.list():
-                api.clusters.wait_deleted(view.spec.name, view.spec.namespace, timeout=120)
-        started.stop()
+def server(raypod_server: RaypodServer, provider: OidcProvider) -> RaypodServer:
+    return raypod_server
 
 
 def sign_in_at_provider(page: Any, login: str) -> None:
@@ -79,43 +62,43 @@ def test_a_provider_user_logs_in_to_the_console_and_lands_with_the_teams_of_thei
     page.goto(f"{server.url}/login?next=/quotas")
     page.get_by_test_id("sso-login").click()
     page.wait_for_url(f"{provider.issuer}/**")
-    sign_in_at_provider(page, "alice")
+    sign_in_at_provider(page, "ada")
     page.wait_for_url(f"{server.url}/quotas")
-    assert "alice" in page.locator("body").inner_text()
+    assert "ada" in page.locator("body").inner_text()
     with server.client() as api:
-        alice = api.users.list()
-    found = {user.name: user for user in alice}
-    assert found["alice"].teams == {"ml": "member"} and not found["alice"].is_admin  # made at first login
+        ada = api.users.list()
+    found = {user.name: user for user in ada}
+    assert found["ada"].teams == {"ml": "member"} and not found["ada"].is_admin  # made at first login
 
-    # the provider ends alice's session there (back-channel logout): her console session ends at once
+    # the provider ends ada's session there (back-channel logout): her console session ends at once
     cookies = page.context.cookies()
     session = next(c for c in cookies if c["name"] == "raypod_session" or c["name"].endswith("raypod_session"))
     assert page.goto(f"{server.url}/quotas").status == 200
     page.goto(f"{provider.issuer}/session/end")
     page.locator("button[autofocus], form button").first.click()  # the provider's "Yes, sign me out"
-    wait_until(lambda: page.goto(f"{server.url}/quotas") and "/login" in page.url, "alice's session ended", 30)
+    wait_until(lambda: page.goto(f"{server.url}/quotas") and "/login" in page.url, "ada's session ended", 30)
     assert session["value"]
 
     # someone in none of the groups raypod maps is refused, and told why
     page.goto(f"{server.url}/login")
     page.get_by_test_id("sso-login").click()
-    sign_in_at_provider(page, "mallory")
+    sign_in_at_provider(page, "eve")
     error = page.get_by_test_id("sso-error")
     error.wait_for()
     assert "none of the groups" in error.inner_text()
     with server.client() as api:
-        assert "mallory" not in {user.name for user in api.users.list()}
+        assert "eve" not in {user.name for user in api.users.list()}
 
     # the provider rotates its signing key (the old one retired): the next login verifies with the new one
     provider.rotate_keys(ca_file=server.ca_file)
     page.goto(f"{server.url}/login?next=/quotas")
     page.get_by_test_id("sso-login").click()
-    sign_in_at_provider(page, "alice")
+    sign_in_at_provider(page, "ada")
     page.wait_for_url(f"{server.url}/quotas")
 
 
 def test_raypod_login_then_ray_job_submit_with_no_token_pasted(
-    server: RaypodServer, provider: OidcProvider, page: Any, tmp_path: Path
+    server: RaypodServer, provider: OidcProvider, shared_cluster: state.ClusterView, page: Any, tmp_path: Path
 ) -> None:
     laptop = tmp_path / "laptop"  # olga's own machine: nothing of the server's home
     env = {
@@ -163,11 +146,9 @@ def test_raypod_login_then_ray_job_submit_with_no_token_pasted(
             patch.setenv(key, value)
         with Client() as api:
             assert api.request("GET", "/api/v1/whoami")["teams"] == {"ml": "admin"}
-            api.namespaces.create("ml-work", "ml")
-            api.clusters.create({"name": "sso-demo", "namespace": "ml-work", "head": {"memory": "512Mi"}})
-            api.clusters.wait_ready("sso-demo", "ml-work", timeout=180)
+            assert SHARED_CLUSTER in {view.spec.name for view in api.clusters.list()}
     submitted = subprocess.run(
-        [str(bin_dir / "ray"), "job", "submit", "--address", "raypod://sso-demo/ml-work", "--", *HELLO],
+        [str(bin_dir / "ray"), "job", "submit", "--address", f"raypod://{SHARED_CLUSTER}", "--", *HELLO],
         env=env,
         capture_output=True,
         text=True,
@@ -187,7 +168,7 @@ def test_raypod_login_then_ray_job_submit_with_no_token_pasted(
     assert renewed["token"] != credentials["token"] and renewed["token_expires_at"] > "2001"
 
     # removed from every group raypod maps: the next refresh is refused and her SSO tokens are revoked
-    provider.set_accounts({"alice": ["ml-engineers"], "olga": ["marketing"]})
+    provider.set_accounts({"ada": ["ml-engineers"], "olga": ["marketing"]})
     with httpx.Client(verify=tls_verify(server.ca_file)) as http:
         refused = http.post(f"{server.url}/api/v1/sso/refresh", json={"refresh_token": renewed["refresh_token"]})
         assert refused.status_code == 403 and "none of the groups" in refused.json()["message"]

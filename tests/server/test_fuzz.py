@@ -82,7 +82,7 @@ def test_no_request_gets_a_server_error_and_no_viewer_operates(live: tuple[str, 
     for operation in operations:
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         def check(case: schemathesis.Case) -> None:
             for who, headers in (
                 ("admin", {"Authorization": f"Bearer {token}"}),

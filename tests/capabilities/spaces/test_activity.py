@@ -86,7 +86,7 @@ def test_a_jupyterlab_says_when_it_was_last_used_and_a_busy_kernel_is_in_use(lab
         with websockets.sync.client.connect(ws_url, additional_headers=headers) as notebook:
             used = wait_for(lambda: activity.last_activity(lab, BASE, TOKEN, JUPYTERLAB, http), "an idle kernel")
             assert used >= started - 1, "an idle kernel says when it was last active"
-            notebook.send(json.dumps(execute("import time; time.sleep(5)")))
+            notebook.send(json.dumps(execute("import time; time.sleep(2)")))
             wait_for(lambda: activity.last_activity(lab, BASE, TOKEN, JUPYTERLAB, http) is None, "a busy kernel")
             after = wait_for(lambda: activity.last_activity(lab, BASE, TOKEN, JUPYTERLAB, http), "idle again", 30)
             assert after > used, "running code is activity"
