@@ -235,6 +235,10 @@ def test_keyboard_reaches_the_login_form_with_visible_focus(
     assert page.evaluate("document.activeElement.textContent") == "Skip to content"
     page.keyboard.press("Tab")
     page.keyboard.press("Tab")
+    if raypod_server.oidc is not None:  # the session server signs users in with a provider too: its button first
+        assert page.evaluate("document.activeElement.dataset.testid") == "sso-login"
+        assert page.evaluate("getComputedStyle(document.activeElement).outlineStyle") not in ("", "none")
+        page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.id") == "token"
     outline = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
     assert outline not in ("", "none")
