@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -156,3 +157,18 @@ def test_a_bad_group_mapping_is_a_clear_error() -> None:
     for raw in ({"g": {"team": "ml", "installation_admin": True}}, {"g": {"team": "Bad Team"}}, {"g": {"role": "x"}}):
         with pytest.raises(errors.InvalidSpec, match="RAYPOD_SSO_GROUPS: group 'g'"):
             config.group_grants(json.loads(json.dumps(raw)))
+
+
+def test_a_login_is_finished_only_by_the_browser_that_began_it_and_only_once(service: sso.SsoService) -> None:
+    """Login CSRF and code injection: a callback without the browser's binding cookie, or with another login's, is
+    refused before any code is exchanged, and a state is used up by its first callback."""
+    url, binding = service.begin_login("/quotas")
+    query = parse_qs(urlsplit(url).query)
+    assert query["code_challenge_method"] == ["S256"] and query["nonce"][0] and query["state"][0]
+    state_value = query["state"][0]
+    _other_url, other_binding = service.begin_login("/")
+    for attempt in (None, other_binding):
+        with pytest.raises(errors.Unauthenticated, match="another browser's"):
+            service.finish_login(state_value, "stolen-code", attempt)
+    with pytest.raises(errors.Unauthenticated, match="already used"):
+        service.finish_login(state_value, "stolen-code", binding)  # the failed tries used it up
