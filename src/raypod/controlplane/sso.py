@@ -18,6 +18,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -347,7 +348,7 @@ class SsoService:
 
     # -- one way in --------------------------------------------------------------------------------------------------
 
-    def sign_in(self, claims: dict[str, Any], token_name: str, ttl: Any, refresh_token: str | None) -> SignedIn:
+    def sign_in(self, claims: dict[str, Any], token_name: str, ttl: timedelta, refresh_token: str | None) -> SignedIn:
         """Map a verified ID token's identity and groups onto a raypod user (made on first login, its teams and
         admin flag set from the groups each time) and mint a token for it.
 
