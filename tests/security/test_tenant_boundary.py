@@ -510,7 +510,7 @@ def test_kuberay_pods_get_no_api_token_and_a_restrictive_security_context(kubera
 SELF_SERVICE = {("POST", "/api/v1/tokens"), ("POST", "/login"), ("POST", "/logout"), ("POST", "/api/v1/clusters")}
 # Reads a member of the namespace's team may make (others are for admins, or the owner of a workspace).
 MEMBER_READS = ("/api/v1/namespaces/{namespace}/clusters", "/api/v1/jobs/")
-MEMBER_LISTS = {"/api/v1/namespaces/{namespace}/spaces", "/api/v1/namespaces/{namespace}/quota"}  # their own only
+MEMBER_LISTS = {"/api/v1/namespaces/{namespace}/spaces", "/api/v1/namespaces/{owner}/quota"}  # their own only
 BODIES = {
     "/scale": {"group": "cpu", "replicas": 1},
     "/jobs": {"entrypoint": "python t.py"},
@@ -543,11 +543,15 @@ def test_no_route_of_the_app_lets_a_non_owner_or_an_outsider_change_or_see_what_
         "model_id": "tiny",
         "deployment": "tiny",
         "team": "ml",
+        "owner": "ml",  # a team's or a namespace's quota
         "token_id": app.tokens["alice"].split("_")[1],
     }
     paths = app.http.app.openapi()["paths"]  # type: ignore[attr-defined]
     refused = 0
-    for template, operations in paths.items():
+    scopes = ("teams", "namespaces")
+    templates = [(t.replace("{scope}", scope), ops) for t, ops in paths.items() for scope in scopes if "{scope}" in t]
+    templates += [(t, ops) for t, ops in paths.items() if "{scope}" not in t]
+    for template, operations in templates:
         for method in (m.upper() for m in operations):
             path = template.format(**names)
             if template.endswith("/spaces/{name}") or "/spaces/{name}/" in template:

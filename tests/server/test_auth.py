@@ -54,6 +54,8 @@ PARAMS = {
     "name": "demo",
     "path": "api/version",
     "team": "default",
+    "scope": "teams",
+    "owner": "default",
     "token_id": "abc",
     "job_id": "rj-0123456789",
     "node": "head",

@@ -149,8 +149,8 @@ def history(name: str, namespace: NamespaceOpt = "default", fmt: OutputOpt = For
 def scale(
     name: str,
     replicas: Annotated[int, typer.Argument(help="Desired worker nodes in the group.")],
-    group: Annotated[str | None, typer.Option("--group", "-g", help="Worker group (default: the only one).")] = None,
     namespace: NamespaceOpt = "default",
+    group: Annotated[str | None, typer.Option("--group", "-g", help="Worker group (default: the only one).")] = None,
     fmt: OutputOpt = Format.TABLE,
     wait: WaitOpt = True,
     timeout: TimeoutOpt = 300.0,

@@ -81,16 +81,15 @@ def submit(
     job = api.jobs.submit(cluster, spec, namespace)
     output.errors_console.print(f"job {job.id} submitted to {namespace}/{cluster}")
     if wait:
-
-        def attempt(current: state.JobView) -> str:
-            return f"{current.status.value} (attempt {len(current.attempts)} of {current.spec.max_retries + 1})"
-
-        progress = output.status_lines(attempt)
-        job = api.jobs.wait(job.id, timeout=float("inf"), on_progress=progress)
+        job = api.jobs.wait(job.id, timeout=float("inf"), on_progress=output.status_lines(_attempt_line))
         print(api.jobs.logs(job.id), end="")
     _render(job, fmt)
     if wait and job.status is not state.JobStatus.SUCCEEDED:
         raise typer.Exit(1)
+
+
+def _attempt_line(job: state.JobView) -> str:
+    return f"{job.status.value} (attempt {len(job.attempts)} of {job.spec.max_retries + 1})"
 
 
 @app.command("list")

@@ -37,9 +37,7 @@ class GovernanceService:
         *,
         priority_classes: dict[str, int],
         priority_teams: dict[str, tuple[str, ...]] | None = None,
-        pool_cpus: float | None = None,
-        pool_memory: int | None = None,
-        pool_gpus: int | None = None,
+        pool: tuple[float | None, int | None, int | None] = (None, None, None),  # CPUs, memory, GPUs
         wake: Callable[[str], None] = lambda uid: None,
         grace_s: float = 30.0,
         admits: bool = True,
@@ -52,7 +50,7 @@ class GovernanceService:
         self.priority_classes = dict(priority_classes)
         # Classes above "normal" preempt other teams' work: only the teams an admin names may use them.
         self.priority_teams = dict(priority_teams or {})
-        self._pool_override = (pool_cpus, pool_memory, pool_gpus)
+        self._pool_override = pool
         self.wake = wake
         self._lock = threading.Lock()  # admission decisions one at a time: creates and the loop's passes
         self._decided_at: tuple[object, ...] | None = None  # the store's fingerprint at the last decision

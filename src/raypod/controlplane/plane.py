@@ -70,9 +70,7 @@ class ControlPlane:
             chosen,
             priority_classes=settings.priority_classes,
             priority_teams=settings.priority_teams,
-            pool_cpus=settings.pool_cpus,
-            pool_memory=settings.pool_memory,
-            pool_gpus=settings.pool_gpus,
+            pool=(settings.pool_cpus, settings.pool_memory, settings.pool_gpus),
             grace_s=settings.drain_timeout_s,
             admits=not settings.kueue,
         )

@@ -156,14 +156,7 @@ def derive_status(
     unassessed = NodeHealth(state.NodeHealthState.UNKNOWN)
     nodes = [
         state.NodeStatus(
-            name=n.name,
-            group=n.group,
-            phase=n.phase,
-            is_head=n.is_head,
-            pid=n.pid,
-            ray_node_id=n.ray_node_id,
-            reason=n.reason,
-            metrics_endpoint=n.metrics_endpoint,
+            **vars(n),  # what NodeStatus shows of the observed node; the rest it ignores
             health=health.get(n.name, unassessed).state,
             health_reasons=health.get(n.name, unassessed).reasons,
             cordoned=n.name in cordoned,

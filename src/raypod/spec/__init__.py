@@ -95,6 +95,8 @@ from raypod.spec.values import (
     SPACE_LABEL,
     SPACE_OBJECT_STORE_BYTES,
     ByteSize,
+    ClusterName,
+    Namespace,
     Strict,
     check_dns_label,
     check_runtime_env,
@@ -215,8 +217,8 @@ class GcsFaultToleranceSpec(Strict):
 class ClusterSpec(Strict):
     """Everything needed to run one Ray cluster: the desired state the reconciler converges to."""
 
-    name: str = Field(description="Cluster name (DNS-1123 label, at most 40 characters).")
-    namespace: str = Field("default", description="Namespace (DNS-1123 label); a team owns namespaces.")
+    name: ClusterName = Field(description="Cluster name (DNS-1123 label, at most 40 characters).")
+    namespace: Namespace = Field("default", description="Namespace (DNS-1123 label); a team owns namespaces.")
     owner: str | None = Field(None, max_length=128)
     ray_version: str = Field(DEFAULT_RAY_VERSION, pattern=r"^\d+\.\d+\.\d+$")
     image: str | None = Field(None, max_length=512, description="Container image on Kubernetes.")
@@ -245,18 +247,6 @@ class ClusterSpec(Strict):
         pattern=DNS1123_LABEL.pattern,
         description="Priority class (low, normal, high unless configured): the queue's order and preemption.",
     )
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        check_dns_label(value, "cluster name", max_len=40)
-        return value
-
-    @field_validator("namespace")
-    @classmethod
-    def _namespace(cls, value: str) -> str:
-        check_dns_label(value, "namespace", max_len=63)
-        return value
 
     @field_validator("env")
     @classmethod

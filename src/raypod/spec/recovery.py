@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from raypod.spec.values import (
     ByteSize,
+    HealthCheckName,
     Strict,
-    check_dns_label,
 )
 
 
@@ -26,17 +26,11 @@ class HealthCheckSpec(Strict):
     """A user command run on each node's host every ``period_s``: exit 0 is healthy; a non-zero exit or a
     timeout is a failure, and ``failure_threshold`` failures in a row make the node unhealthy."""
 
-    name: str = Field(description="DNS-1123 label, unique in the spec.")
+    name: HealthCheckName = Field(description="DNS-1123 label, unique in the spec.")
     command: str = Field(min_length=1, max_length=MAX_HEALTH_CHECK_COMMAND, description="Run with /bin/sh -c.")
     period_s: float = Field(30.0, ge=1, le=3600)
     timeout_s: float = Field(10.0, gt=0, le=600)
     failure_threshold: int = Field(3, ge=1, le=100)
-
-    @field_validator("name")
-    @classmethod
-    def _check_name(cls, value: str) -> str:
-        check_dns_label(value, "health check name", max_len=40)
-        return value
 
     @model_validator(mode="after")
     def _timeout_within_period(self) -> HealthCheckSpec:

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from raypod.spec.jobs import JobSpec
-from raypod.spec.values import Strict, check_dns_label
+from raypod.spec.values import ClusterName, Namespace, ScheduleName, Strict
 
 
 class ConcurrencyPolicy(StrEnum):
@@ -40,20 +40,14 @@ def last_due(cron: str, after: datetime, now: datetime) -> datetime | None:
 
 
 class ScheduleSpec(Strict):
-    name: str = Field(max_length=63)
-    namespace: str = Field("default", max_length=63)
-    cluster: str = Field(max_length=63)
+    name: ScheduleName = Field(max_length=63)
+    namespace: Namespace = Field("default", max_length=63)
+    cluster: ClusterName = Field(max_length=63)
     cron: str = Field(max_length=200, description="Five fields (minute hour day-of-month month day-of-week), UTC.")
     job: JobSpec
     concurrency_policy: ConcurrencyPolicy = ConcurrencyPolicy.ALLOW
     history_limit: int = Field(3, ge=0, le=100, description="How many of its latest runs the schedule lists.")
     suspended: bool = False
-
-    @field_validator("name", "namespace", "cluster")
-    @classmethod
-    def _names(cls, value: str) -> str:
-        check_dns_label(value, "name", max_len=63)
-        return value
 
     @field_validator("cron")
     @classmethod

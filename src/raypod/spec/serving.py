@@ -12,8 +12,8 @@ from pydantic import (
 from raypod.spec.values import (
     MAX_CPUS_PER_NODE,
     ByteSize,
+    DeploymentName,
     Strict,
-    check_dns_label,
 )
 
 MAX_SERVE_REPLICAS = 64
@@ -24,7 +24,7 @@ class ServeDeploySpec(Strict):
     """A catalog model on a cluster's Ray Serve, behind the OpenAI-compatible API."""
 
     model: str = Field(min_length=1, max_length=129, description="A catalog model id (`raypod model list`).")
-    name: str | None = Field(None, description="The application's name and route; default: from the model id.")
+    name: DeploymentName | None = Field(None, description="The application's name and route (default: the model id).")
     replicas: int = Field(1, ge=1, le=MAX_SERVE_REPLICAS)
     autoscale: tuple[int, int] | None = Field(None, description="(min, max) replicas; replaces `replicas`.")
     cpus: float = Field(1.0, ge=0, le=MAX_CPUS_PER_NODE, description="Logical CPUs per replica.")
@@ -52,13 +52,6 @@ class ServeDeploySpec(Strict):
     def reserved_tokens(self, max_context: int) -> int:
         """What a replica reserves: never more than the model's context."""
         return min(max_context, DEFAULT_RESERVE_TOKENS if self.reserve_tokens is None else self.reserve_tokens)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str | None) -> str | None:
-        if value is not None:
-            check_dns_label(value, "deployment name", max_len=40)
-        return value
 
     @field_validator("autoscale")
     @classmethod

@@ -10,7 +10,7 @@ from raypod.spec.values import (
     SPACE_GROUP,
     ByteSize,
     Strict,
-    check_dns_label,
+    WorkspaceName,
 )
 
 
@@ -22,7 +22,7 @@ class SpaceKind(StrEnum):
 class SpaceSpec(Strict):
     """A workspace: an IDE on a zero-compute Ray node of the cluster, so its kernels are drivers of the cluster."""
 
-    name: str = Field(description="Workspace name (DNS-1123 label, unique in its namespace).")
+    name: WorkspaceName = Field(description="Workspace name (DNS-1123 label, unique in its namespace).")
     kind: SpaceKind = SpaceKind.JUPYTERLAB
     running: bool = Field(True, description="False: stopped; its node is gone, its files are kept.")
     owner: str | None = Field(None, max_length=128, description="Who may open it, besides team admins.")
@@ -33,12 +33,6 @@ class SpaceSpec(Strict):
         description="A Python environment (its directory, e.g. a venv) whose interpreter runs the notebook kernels: "
         "the user's own packages, with ipykernel and the cluster's Ray version (JupyterLab only).",
     )
-
-    @field_validator("name")
-    @classmethod
-    def _space_name(cls, value: str) -> str:
-        check_dns_label(value, "workspace name", max_len=40)
-        return value
 
     @field_validator("python_env")
     @classmethod

@@ -8,6 +8,7 @@ import re
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -127,6 +128,23 @@ def check_dns_label(value: str, what: str, *, max_len: int) -> None:
             f"{what} '{value}' must be 1-{max_len} characters of lowercase letters, digits and '-', "
             "starting and ending with a letter or digit"
         )
+
+
+def _dns_label(what: str, max_len: int) -> AfterValidator:
+    def check(value: str) -> str:
+        check_dns_label(value, what, max_len=max_len)
+        return value
+
+    return AfterValidator(check)
+
+
+# Names that become Kubernetes object names or label values (a node's name is "<cluster>-<group>-<index>").
+ClusterName = Annotated[str, _dns_label("cluster name", 40)]
+Namespace = Annotated[str, _dns_label("namespace", 63)]
+WorkspaceName = Annotated[str, _dns_label("workspace name", 40)]
+HealthCheckName = Annotated[str, _dns_label("health check name", 40)]
+DeploymentName = Annotated[str, _dns_label("deployment name", 40)]
+ScheduleName = Annotated[str, _dns_label("name", 63)]
 
 
 def problems(exc: ValidationError) -> list[dict[str, str]]:

@@ -60,14 +60,14 @@ def deploy(
     deployment = api.serving.deploy(cluster, spec, namespace)
     output.errors_console.print(f"deploying {deployment.model} as {deployment.name} on {namespace}/{cluster}")
     if wait:
-
-        def phase(current: state.DeploymentView) -> str:
-            return f"{current.status}: {current.message}"
-
-        progress = output.status_lines(phase)
+        progress = output.status_lines(_phase_line)
         deployment = api.serving.wait_running(cluster, deployment.name, namespace, on_progress=progress)
     _render(deployment, fmt, api.serving.openai_base_url(cluster, deployment.name, namespace))
 
+
+
+def _phase_line(deployment: state.DeploymentView) -> str:
+    return f"{deployment.status}: {deployment.message}"
 
 @app.command("list")
 def list_(cluster: ClusterOpt, namespace: NamespaceOpt = "default", fmt: OutputOpt = Format.TABLE) -> None:

@@ -388,18 +388,7 @@ class Store:
             )
         with self.engine.connect() as connection:
             rows = list(connection.execute(query))
-        return [
-            state.Event(
-                time=aware(row.time),
-                namespace=row.namespace,
-                cluster=row.cluster,
-                type=row.type,
-                reason=row.reason,
-                message=row.message,
-                node=row.node,
-            )
-            for row in reversed(rows)
-        ]
+        return [state.Event(**{**row._mapping, "time": aware(row.time)}) for row in reversed(rows)]
 
 
 @functools.lru_cache(maxsize=16384)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response
@@ -14,7 +15,7 @@ from raypod.server.routes import part
 
 router = APIRouter(prefix="/api/v1", tags=["governance"])
 
-TeamPath = Annotated[str, Path(pattern=spec_mod.DNS1123_LABEL.pattern, max_length=63)]  # a team or namespace
+OwnerPath = Annotated[str, Path(pattern=spec_mod.DNS1123_LABEL.pattern, max_length=63)]  # a team or namespace
 
 
 Service = Annotated[governance.GovernanceService, part("governance")]
@@ -32,39 +33,30 @@ def kueue_objects(caller: Caller, svc: Service) -> list[dict[str, Any]]:
     return svc.kueue_objects(caller)
 
 
-@router.get("/teams/{team}/quota")
-def get_quota(caller: Caller, svc: Service, team: TeamPath) -> state.QuotaView:
-    return svc.get_quota(caller, team)
+class Scope(StrEnum):
+    """Whose quota: a team's (set by installation admins), or a namespace's cap inside its team's."""
+
+    TEAMS = "teams"
+    NAMESPACES = "namespaces"
 
 
-@router.put("/teams/{team}/quota")
-def set_quota(caller: Caller, svc: Service, team: TeamPath, quota: spec_mod.QuotaSpec) -> state.QuotaView | None:
-    """Team admins and global admins. A quota below current usage stops nothing: new work waits."""
-    return svc.set_quota(caller, team, quota)
+@router.get("/{scope}/{owner}/quota")
+def get_quota(caller: Caller, svc: Service, scope: Scope, owner: OwnerPath) -> state.QuotaView:
+    return (svc.get_quota if scope is Scope.TEAMS else svc.get_namespace_quota)(caller, owner)
 
 
-@router.delete("/teams/{team}/quota", status_code=204)
-def delete_quota(caller: Caller, svc: Service, team: TeamPath) -> Response:
-    svc.set_quota(caller, team, None)
-    return Response(status_code=204)
-
-
-@router.get("/namespaces/{namespace}/quota")
-def get_namespace_quota(caller: Caller, svc: Service, namespace: TeamPath) -> state.QuotaView:
-    return svc.get_namespace_quota(caller, namespace)
-
-
-@router.put("/namespaces/{namespace}/quota")
-def set_namespace_quota(
-    caller: Caller, svc: Service, namespace: TeamPath, quota: spec_mod.QuotaSpec
+@router.put("/{scope}/{owner}/quota")
+def set_quota(
+    caller: Caller, svc: Service, scope: Scope, owner: OwnerPath, quota: spec_mod.QuotaSpec
 ) -> state.QuotaView | None:
-    """Admins of the namespace's team: a cap on the namespace inside the team's quota (it borrows nothing)."""
-    return svc.set_namespace_quota(caller, namespace, quota)
+    """A team's quota: installation admins. A namespace's cap: admins of its team (it borrows nothing). A quota
+    below current usage stops nothing: new work waits."""
+    return (svc.set_quota if scope is Scope.TEAMS else svc.set_namespace_quota)(caller, owner, quota)
 
 
-@router.delete("/namespaces/{namespace}/quota", status_code=204)
-def delete_namespace_quota(caller: Caller, svc: Service, namespace: TeamPath) -> Response:
-    svc.set_namespace_quota(caller, namespace, None)
+@router.delete("/{scope}/{owner}/quota", status_code=204)
+def delete_quota(caller: Caller, svc: Service, scope: Scope, owner: OwnerPath) -> Response:
+    (svc.set_quota if scope is Scope.TEAMS else svc.set_namespace_quota)(caller, owner, None)
     return Response(status_code=204)
 
 
