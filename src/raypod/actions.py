@@ -42,6 +42,16 @@ class StartSidecar:
 
 
 @dataclass(frozen=True)
+class DeleteFiles:
+    """Delete a directory a node was given (``NodeAddons.binds``: a workspace's files), now that the node is gone."""
+
+    name: str  # the node's
+    path: str
+    reason: str = "SpaceFilesDeleted"
+    message: str = "the workspace's files deleted"
+
+
+@dataclass(frozen=True)
 class ReleaseCluster:
     """Forget a cluster whose nodes are all gone: frees its ports and temporary files."""
 
@@ -49,4 +59,4 @@ class ReleaseCluster:
     message: str = "all nodes stopped; cluster removed"
 
 
-Action = CreateNode | DrainNode | DeleteNode | StartSidecar | ReleaseCluster
+Action = CreateNode | DrainNode | DeleteNode | StartSidecar | DeleteFiles | ReleaseCluster

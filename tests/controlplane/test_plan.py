@@ -362,3 +362,18 @@ def test_sidecars_of_live_nodes_are_started_and_restarted_by_actions_and_no_othe
         ("StartSidecar", "cpu-0", "StartedSidecar")
     ]
     assert [r for r in run(spec(), leaving, deleting=True) if r[0] == "StartSidecar"] == []
+
+
+def test_a_nodes_files_are_deleted_only_once_it_is_neither_wanted_nor_seen_and_before_the_cluster_is_released() -> None:
+    files = plan.Recovery(delete_files={"cpu-1": "/files/nb"})
+    deleted = ("DeleteFiles", "cpu-1", "SpaceFilesDeleted")
+    unknown = node("cpu-1", Phase.UNKNOWN)
+    assert deleted not in run(spec(1), observed(node("head"), node("cpu-0"), unknown), recovery=files)
+    assert deleted not in run(spec(1), observed(node("head"), node("cpu-0"), node("cpu-1")), recovery=files)
+    assert deleted not in run(spec(2), observed(node("head"), node("cpu-0")), recovery=files), "wanted again"
+    assert run(spec(1), observed(node("head"), node("cpu-0")), recovery=files) == [deleted]
+    assert run(spec(), observed(unknown), deleting=True, recovery=files) == [("DeleteNode", "cpu-1", "DeletedNode")]
+    last = run(spec(), observed(), deleting=True, recovery=files)
+    assert last == [deleted, ("ReleaseCluster", "", "Deleted")]
+    parked = plan.park(observed(node("head", Phase.STARTING)), now=NOW, features=DRAIN, delete_files={"cpu-1": "/f"})
+    assert summary(parked) == [("DeleteNode", "head", "DeletedNode"), deleted]

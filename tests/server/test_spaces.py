@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,48 @@ def test_opening_the_workspace_of_a_suspended_cluster_resumes_the_cluster(
     assert client.get("/api/v1/namespaces/default/clusters/c", headers=admin).json()["suspended_at"] is None
     events = client.get("/api/v1/namespaces/default/clusters/c/events", headers=admin).json()
     assert "Resumed" in [e["reason"] for e in events]
+
+
+def test_a_workspaces_files_are_deleted_by_the_loop_once_its_node_is_gone_and_never_while_it_is_unknown(
+    client: TestClient, admin: dict[str, str], tmp_path: Path
+) -> None:
+    """The request only records the deletion (issue 30: every change through the loop): deleting the files in the
+    request raced the loop, which could give them (a KubeRay claim) back to the node it had not removed yet."""
+    from raypod.capabilities.spaces import ide
+
+    client.post("/api/v1/clusters", json={"name": "c"}, headers=admin).raise_for_status()
+    wait_ready(client, admin, "default", "c")
+    base = "/api/v1/namespaces/default/spaces"
+    assert client.post(base, json={"name": "nb", "cluster": "c"}, headers=admin).status_code == 201
+    files = ide.files_dir(tmp_path, "default", "nb", "admin")
+    files.mkdir(parents=True, exist_ok=True)
+    (files / "notebook.ipynb").write_text("{}")
+    plane = client.app.state.control_plane  # type: ignore[attr-defined]
+    uid = plane.clusters.store.get("default", "c").uid
+    wait_until(lambda: "space-nb" in plane.backend.nodes[uid], "the workspace's node")
+    plane.backend.set_gcs_reachable(uid, False)  # its node is now unknown: nothing may be deleted
+
+    deleted = client.delete(f"{base}/nb", params={"keep_files": "false"}, headers=admin)
+    assert deleted.status_code == 200 and deleted.json()["state"] == "Deleted"
+    again = client.post(base, json={"name": "nb", "cluster": "c"}, headers=admin)
+    assert again.status_code == 409 and "being deleted" in again.json()["message"], again.text
+    plane.reconciler.wake(uid)
+    time_to_act = time.monotonic() + 1.0  # some passes of the loop (every 0.05 s)
+    while time.monotonic() < time_to_act:
+        assert (files / "notebook.ipynb").exists(), "deleted while its node was unknown"
+        time.sleep(0.05)
+
+    plane.backend.set_gcs_reachable(uid, True)
+    wait_until(lambda: not files.exists(), "the files deleted once the node is gone")
+    assert "space-nb" not in plane.backend.nodes[uid]
+    events = client.get("/api/v1/namespaces/default/clusters/c/events", headers=admin).json()
+    reasons = [e["reason"] for e in events]
+    assert reasons.index("SpaceFilesDeleted") > reasons.index("DeletedNode"), reasons
+    assert client.post(base, json={"name": "nb", "cluster": "c"}, headers=admin).status_code == 201
+
+
+def wait_until(check: Callable[[], object], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)

@@ -99,7 +99,7 @@ def delete(
     if not keep_files and not yes:
         typer.confirm(f"Delete workspace {name} and all its files?", abort=True)
     cluster_cli.client().spaces.delete(name, namespace, keep_files)
-    kept = "its files are kept" if keep_files else "its files are deleted"
+    kept = "its files are kept" if keep_files else "its files are deleted once its node is gone"
     output.console.print(f"workspace {name} is deleted; {kept}")
 
 

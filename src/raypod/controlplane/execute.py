@@ -79,6 +79,8 @@ def _apply(action: actions.Action, backend: base.Backend, cluster_id: str) -> Ou
                 backend.delete_node(cluster_id, name, quarantine_s=quarantine_s)
             case actions.StartSidecar(name=name, sidecar=sidecar):
                 backend.start_sidecar(cluster_id, name, sidecar)
+            case actions.DeleteFiles(path=path):
+                backend.delete_bind(cluster_id, path)
             case actions.ReleaseCluster():
                 backend.release(cluster_id)
     except Exception as exc:  # one failed action must not stop the control plane

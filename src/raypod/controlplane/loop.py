@@ -204,6 +204,7 @@ class Reconciler:
                 features=self.backend.features,
                 settings=self.settings,
                 grace_until=view.preempted_until.timestamp() if view.preempted_until else None,
+                delete_files=recovery.delete_files,
             )
         else:
             planned = plan.plan(
@@ -220,6 +221,9 @@ class Reconciler:
             self._record(view, kind, reason, message, node)
 
         outcomes = execute.execute(self._with_addons(view.uid, planned), self.backend, view.uid, record)
+        for outcome in outcomes:
+            if isinstance(outcome.action, actions.DeleteFiles) and outcome.error is None:
+                self.store.clear_node_request(view.uid, outcome.action.name, store.DELETE_FILES)
         if any(isinstance(o.action, actions.ReleaseCluster) and o.error is None for o in outcomes):
             self._archived.discard(view.uid)
             self.store.remove(view.uid)
@@ -287,9 +291,12 @@ class Reconciler:
         """The planner's inputs on node recovery: verdicts, operators' requests, and the flapping guard."""
         replace: set[str] = set()
         cordoned: set[str] = set()
+        delete_files: dict[str, str] = {}
         for request in self.store.node_requests(view.uid):
             node = observed.nodes.get(request.node)
-            if request.kind == store.CORDON:
+            if request.kind == store.DELETE_FILES:
+                delete_files[request.node] = request.path or ""
+            elif request.kind == store.CORDON:
                 cordoned.add(request.node)
             elif node is None or node.phase is state.NodePhase.UNKNOWN:
                 if request.incarnation is not None and node is None:
@@ -318,6 +325,7 @@ class Reconciler:
             replace_requested=frozenset(replace),
             cordoned=frozenset(cordoned),
             held_groups=frozenset(g for g, count in per_group.items() if count >= policy.max_replacements),
+            delete_files=delete_files,
         )
 
     def _record_health(self, view: state.ClusterView, transition: Transition) -> None:

@@ -32,6 +32,7 @@ class Recovery:
     replace_requested: frozenset[str] = frozenset()
     cordoned: frozenset[str] = frozenset()
     held_groups: frozenset[str] = frozenset()  # groups that reached their replacement limit
+    delete_files: Mapping[str, str] = field(default_factory=dict)  # node -> a directory it was given, once it is gone
 
 
 NO_RECOVERY = Recovery()
@@ -54,7 +55,7 @@ def plan(
         for name in sorted(observed.stray_nodes)
     ]
     if deleting:
-        return cleanups + _plan_deletion(observed)
+        return cleanups + _plan_deletion(observed, _delete_files(recovery.delete_files, observed, set()))
 
     deletes: list[actions.Action] = []
     drains: list[actions.Action] = []
@@ -102,7 +103,19 @@ def plan(
             continue
         reason = "ReplacedNode" if name in gone else "CreatedHead" if wanted.is_head else "CreatedWorker"
         creates.append(actions.CreateNode(wanted, reason, _describe(wanted)))
-    return cleanups + deletes + drains + creates + _sidecars(observed, desired_nodes, gone)
+    files = _delete_files(recovery.delete_files, observed, set(desired_nodes))
+    return cleanups + deletes + drains + creates + _sidecars(observed, desired_nodes, gone) + files
+
+
+def _delete_files(
+    requested: Mapping[str, str], observed: state.ObservedCluster, wanted: set[str]
+) -> list[actions.Action]:
+    """A directory goes once no node that was given it is wanted or seen (an unknown node may still use it)."""
+    return [
+        actions.DeleteFiles(node, path, message=f"the files of node {node} deleted ({path})")
+        for node, path in sorted(requested.items())
+        if node not in wanted and node not in observed.nodes
+    ]
 
 
 def _sidecars(
@@ -199,6 +212,7 @@ def park(
     features: frozenset[base.Feature],
     settings: PlanSettings = DEFAULT_SETTINGS,
     grace_until: float | None = None,
+    delete_files: Mapping[str, str] | None = None,
 ) -> list[actions.Action]:
     """A queued or preempted cluster runs no node: workers are drained first where the backend can (their work
     has the drain's time to finish or checkpoint), then removed; the head goes last, and not before
@@ -211,12 +225,12 @@ def park(
         in_grace = grace_until is not None and now < grace_until and head.phase is state.NodePhase.RUNNING
         if not in_grace:
             planned.append(actions.DeleteNode(head.name, "DeletedNode", "queued: its nodes wait for admission"))
-    return planned
+    return planned + _delete_files(delete_files or {}, observed, set())
 
 
-def _plan_deletion(observed: state.ObservedCluster) -> list[actions.Action]:
+def _plan_deletion(observed: state.ObservedCluster, files: list[actions.Action]) -> list[actions.Action]:
     if not observed.nodes:
-        return [actions.ReleaseCluster()]
+        return [*files, actions.ReleaseCluster()]
     ordered = sorted(observed.nodes.values(), key=lambda node: (node.is_head, node.name))
     return [actions.DeleteNode(node.name, "DeletedNode", "cluster is being deleted") for node in ordered]
 

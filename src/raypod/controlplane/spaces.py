@@ -9,7 +9,7 @@ from pathlib import Path
 from raypod import errors, state
 from raypod import spec as spec_mod
 from raypod.capabilities.spaces import ide
-from raypod.controlplane import capacity, identity
+from raypod.controlplane import capacity, identity, store
 from raypod.controlplane.clusters import ClusterService
 from raypod.state import SpaceState
 
@@ -32,6 +32,8 @@ class SpaceService:
         space = self.clusters.admit_spaces(
             caller, namespace, view.spec.model_copy(update={"spaces": [space]}), [space]
         ).spaces[0]
+        if self.clusters.store.files_being_deleted(str(ide.files_dir(self.home, namespace, space.name, space.owner))):
+            raise errors.Conflict(f"workspace '{space.name}''s files are being deleted: create it again in a moment")
         why = ide.missing(space.kind)
         if space.python_env and why is None:
             why = self._python_env_problem(view, space)
@@ -81,10 +83,15 @@ class SpaceService:
         return self.get(caller, namespace, name)
 
     def delete(self, caller: identity.Principal, namespace: str, name: str, keep_files: bool = True) -> state.SpaceView:
+        """With ``keep_files`` False the loop deletes its files once its node is gone (never while it may run)."""
         cluster, space = self._owned(caller, namespace, name, Verb.OPERATE)
-        self._update(cluster, [s for s in cluster.spec.spaces if s.name != name], "SpaceDeleted", f"workspace {name}")
-        if not keep_files:
-            self.clusters.backend.delete_bind(cluster.uid, str(ide.files_dir(self.home, namespace, name, space.owner)))
+        kept = "its files are kept" if keep_files else "its files are deleted once its node is gone"
+        spaces = [s for s in cluster.spec.spaces if s.name != name]
+        self._update(cluster, spaces, "SpaceDeleted", f"workspace {name}; {kept}")
+        if not keep_files:  # after: a request for a node still wanted would take the files at its next stop
+            files = str(ide.files_dir(self.home, namespace, name, space.owner))
+            self.clusters.store.request_node(cluster.uid, space.node_name(), store.DELETE_FILES, caller.user, files)
+            self.clusters.wake(cluster.uid)
         return _view(cluster, space).model_copy(update={"state": SpaceState.DELETED})
 
     # -- internals ---------------------------------------------------------------------------------------

@@ -108,6 +108,8 @@ def test_a_workspace_is_a_zero_cpu_pod_with_its_ide_and_keeps_its_files_claim_ac
 
     assert api.delete(f"{base}/nb").status_code == 200
     until(lambda: group(emulator, "space-nb") is None, "the group removed")
+    # KubeRay reconciles only the groups in its spec and leaves a removed group's pods running (kuberay#1739).
+    until(lambda: "demo-space-nb-x1" not in [p.metadata.name for p in emulator.pods()], "the workspace's pod deleted")
     until(
         lambda: (
             "demo-space-nb" not in [s.metadata.name for s in emulator.core.list_namespaced_service("default").items]
@@ -116,11 +118,13 @@ def test_a_workspace_is_a_zero_cpu_pod_with_its_ide_and_keeps_its_files_claim_ac
     )
     assert claim in claims(emulator), "deleted with its files kept (the default)"
     assert api.post(base, json={"name": "nb", "cluster": "demo"}).status_code == 201
-    # Applied before it is deleted: a deletion racing the loop's pass that applies the workspace can see its claim
-    # made again after the request deleted it (the claim is deleted in the request, not by the loop; noticed in CI).
-    until(lambda: group(emulator, "space-nb"), "the workspace applied again")
+    # Deleted at once, maybe before a pass applied it: the loop deletes the claim once the group is gone, so no
+    # pass can make it again after (as when the request deleted it, which CI once caught).
     assert api.delete(f"{base}/nb", params={"keep_files": "false"}).status_code == 200
+    until(lambda: group(emulator, "space-nb") is None, "the group removed")
     until(lambda: claim not in claims(emulator), "the claim deleted with --delete-files")
+    events = api.get("/api/v1/namespaces/default/clusters/demo/events").json()
+    assert "SpaceFilesDeleted" in [e["reason"] for e in events]
 
 
 def test_hang_detection_runs_in_every_pod_and_its_agents_report_over_http_with_their_clusters_credential(

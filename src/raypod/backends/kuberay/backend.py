@@ -289,7 +289,7 @@ class KubeRayBackend(RayWorkloads):
 
     def delete_node(self, cluster_id: str, name: str, *, quarantine_s: float = 0.0) -> None:
         """Delete the node's pod, so KubeRay starts a fresh one; while a group scales down KubeRay picks the pods
-        it removes, and raypod deletes none of its own."""
+        it removes, and raypod deletes none of its own; a removed group's pods KubeRay leaves, raypod deletes."""
         with self._lock:
             where = self._known.get(cluster_id)
             pods = list(self._pods_by_cluster.get(where, {}).values()) if where else []
@@ -298,22 +298,19 @@ class KubeRayBackend(RayWorkloads):
             return
         group = pod["metadata"].get("labels", {}).get("ray.io/group", "")
         raycluster = self.clusters.get(*where)
-        if raycluster is not None and group and not pods_mod.is_head(pod):
-            wanted = next(
-                (
-                    g.get("replicas", 0)
-                    for g in raycluster["spec"].get("workerGroupSpecs", [])
-                    if g["groupName"] == group
-                ),
-                0,
-            )
+        groups = {
+            g["groupName"]: g.get("replicas", 0) for g in (raycluster or {}).get("spec", {}).get("workerGroupSpecs", [])
+        }
+        # KubeRay reconciles only the groups its spec has: the pods of a removed group (a deleted workspace's) are
+        # raypod's to delete (kuberay#1739).
+        if group in groups and not pods_mod.is_head(pod):
             live = sum(
                 1
                 for p in pods
                 if p["metadata"].get("labels", {}).get("ray.io/group") == group
                 and not p["metadata"].get("deletionTimestamp")
             )
-            if live > wanted:
+            if live > groups[group]:
                 return  # a scale-down: KubeRay removes the surplus pods itself
         self._call(
             f"delete pod {where[0]}/{pod['metadata']['name']}",

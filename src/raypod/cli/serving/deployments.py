@@ -65,9 +65,9 @@ def deploy(
     _render(deployment, fmt, api.serving.openai_base_url(cluster, deployment.name, namespace))
 
 
-
 def _phase_line(deployment: state.DeploymentView) -> str:
     return f"{deployment.status}: {deployment.message}"
+
 
 @app.command("list")
 def list_(cluster: ClusterOpt, namespace: NamespaceOpt = "default", fmt: OutputOpt = Format.TABLE) -> None:

@@ -30,13 +30,17 @@ MIGRATIONS = Path(__file__).parents[1] / "migrations"
 @dataclass(frozen=True)
 class NodeRequest:
     node: str
-    kind: str  # REPLACE or CORDON
+    kind: str  # REPLACE, CORDON or DELETE_FILES
     incarnation: str | None
     requested_by: str
+    path: str | None = None  # DELETE_FILES: the directory
 
 
 REPLACE = "replace"
 CORDON = "cordon"
+# Delete a directory the node was given (a workspace's files) once the node is gone: the loop does it, never a
+# request, so that no pass can give the directory back to a node it has not removed yet.
+DELETE_FILES = "delete-files"
 
 
 @dataclass(frozen=True)
@@ -322,7 +326,7 @@ class Store:
 
     # -- operators' requests on nodes ----------------------------------------------------------------------
 
-    def request_node(self, uid: str, node: str, kind: str, requested_by: str) -> None:
+    def request_node(self, uid: str, node: str, kind: str, requested_by: str, path: str | None = None) -> None:
         """Record (or renew) a request; a repeated replace request starts over for the node's next incarnation."""
         with self.engine.begin() as connection:
             connection.execute(
@@ -332,7 +336,13 @@ class Store:
             )
             connection.execute(
                 node_requests.insert().values(
-                    cluster_uid=uid, node=node, kind=kind, incarnation=None, requested_by=requested_by, created_at=now()
+                    cluster_uid=uid,
+                    node=node,
+                    kind=kind,
+                    incarnation=None,
+                    requested_by=requested_by,
+                    created_at=now(),
+                    path=path,
                 )
             )
 
@@ -362,7 +372,13 @@ class Store:
     def node_requests(self, uid: str) -> builtins.list[NodeRequest]:
         with self.engine.connect() as connection:
             rows = connection.execute(node_requests.select().where(node_requests.c.cluster_uid == uid))
-            return [NodeRequest(row.node, row.kind, row.incarnation, row.requested_by) for row in rows]
+            return [NodeRequest(row.node, row.kind, row.incarnation, row.requested_by, row.path) for row in rows]
+
+    def files_being_deleted(self, path: str) -> bool:
+        """Whether some cluster's loop has yet to delete this directory."""
+        query = node_requests.select().where(node_requests.c.kind == DELETE_FILES, node_requests.c.path == path)
+        with self.engine.connect() as connection:
+            return connection.execute(query.limit(1)).first() is not None
 
     def events(self, namespace: str, name: str, limit: int = 200) -> builtins.list[state.Event]:
         """Events of every cluster that had this name, oldest first (events outlive a deleted cluster)."""

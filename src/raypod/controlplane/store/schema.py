@@ -142,11 +142,12 @@ node_requests = sa.Table(
     metadata,
     sa.Column("cluster_uid", sa.String(32), primary_key=True),
     sa.Column("node", sa.String(63), primary_key=True),
-    sa.Column("kind", sa.String(16), primary_key=True),  # "replace" or "cordon"
+    sa.Column("kind", sa.String(16), primary_key=True),  # "replace", "cordon" or "delete-files"
     # The incarnation a replace request is for, bound on the first pass that sees it: done once it changed.
     sa.Column("incarnation", sa.String(64), nullable=True),
     sa.Column("requested_by", sa.String(63), nullable=False),
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("path", sa.Text, nullable=True),  # delete-files: the directory the node was given
 )
 
 hang_detections = sa.Table(
