@@ -86,6 +86,13 @@ def _float_env(name: str, default: float) -> float:
         raise errors.InvalidSpec(f"environment variable {name}={raw!r} is not a number") from None
 
 
+def _at_least(name: str, default: int, minimum: int) -> int:
+    value = int(_float_env(name, default))
+    if value < minimum:
+        raise errors.InvalidSpec(f"environment variable {name} is at least {minimum}")
+    return value
+
+
 DEFAULT_PRIORITY_CLASSES = {"low": 0, "normal": 100, "high": 1000}
 
 
@@ -296,6 +303,9 @@ class Settings:
     history_url: str | None = None
     history_options: dict[str, Any] = field(default_factory=dict)
     history_retention_days: float = 30.0
+    history_max_log_bytes: int = (
+        16 * 2**20
+    )  # an attempt's archived log (RAYPOD_HISTORY_MAX_LOG_BYTES): its start and end
     # Single sign-on with the organisation's OpenID Connect provider (RAYPOD_SSO_*; None: tokens only).
     sso: SsoSettings | None = None
 
@@ -333,6 +343,7 @@ class Settings:
             "history_url": os.environ.get("RAYPOD_HISTORY_URL") or None,
             "history_options": _json_env("RAYPOD_HISTORY_OPTIONS"),
             "history_retention_days": _float_env("RAYPOD_HISTORY_RETENTION_DAYS", 30.0),
+            "history_max_log_bytes": _at_least("RAYPOD_HISTORY_MAX_LOG_BYTES", 16 * 2**20, 4096),
             "sso": SsoSettings.from_env(),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})

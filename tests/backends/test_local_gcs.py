@@ -20,8 +20,17 @@ from raypod.backends.local.gcs import DEADLINE_EXCEEDED, Gcs
 class StandIn:
     def __init__(self, error: Exception) -> None:
         self.error = error
+        self.timeouts: list[float | None] = []
 
     def get_all_node_info(self, timeout: float) -> dict[object, object]:
+        raise self.error
+
+    def drain_node(self, *args: object, timeout: float | None = None) -> tuple[bool, str]:
+        self.timeouts.append(timeout)
+        raise self.error
+
+    def internal_kv_put(self, *args: object, timeout: float | None = None) -> int:
+        self.timeouts.append(timeout)
         raise self.error
 
 
@@ -63,3 +72,18 @@ def test_a_client_that_fails_otherwise_is_made_anew(listening_port: int, process
     gcs._clients["c"] = (listening_port, StandIn(RpcError("cluster ID mismatch", rpc_code=9)))
     assert gcs.node_table("c", listening_port).error is not None
     assert "c" not in gcs._clients
+
+
+def test_every_call_the_loop_makes_to_a_gcs_is_bounded(listening_port: int, process_token: str) -> None:
+    """Ray's client waits forever by default: a drain or a key write to a stopped GCS would hold the loop."""
+    from raypod import errors
+    from raypod.backends.local.gcs import GCS_TIMEOUT_S
+
+    gcs = Gcs(lambda cluster: process_token)
+    silent = StandIn(RpcError("RPC error: Deadline Exceeded", rpc_code=DEADLINE_EXCEEDED))
+    gcs._clients["c"] = (listening_port, silent)
+    with pytest.raises(errors.TransientError, match="cannot drain node cpu-0"):
+        gcs.drain("c", listening_port, "cpu-0", "ab" * 28, deadline=0.0, reason="scaled down")
+    with pytest.raises(errors.TransientError, match="key-value store"):
+        gcs.put_kv("c", listening_port, b"ns", b"key", b"value")
+    assert silent.timeouts == [GCS_TIMEOUT_S, GCS_TIMEOUT_S]

@@ -114,3 +114,31 @@ def test_retention_prunes_clusters_deleted_long_ago(tmp_path: Path) -> None:
         (folder / "cluster.json").write_text(json.dumps({"archived_at": archived_at}))
     assert history.prune(every_s=0) == 1
     assert sorted(p.name for p in (tmp_path / "h" / "default" / "demo").iterdir()) == ["new"]
+
+
+def test_an_attempts_archived_log_keeps_its_start_and_its_end_within_the_limit(tmp_path: Path) -> None:
+    """A job decides how much it prints; the archive (a tenant's disk or bucket) keeps a bounded part of it."""
+    from datetime import UTC, datetime
+
+    from raypod import spec as spec_mod
+    from raypod import state
+
+    history = History(str(tmp_path / "h"), max_log_bytes=8192)
+    job = state.JobView(
+        id="rj-1",
+        namespace="default",
+        cluster="demo",
+        owner="admin",
+        spec=spec_mod.JobSpec(entrypoint="python loud.py"),
+        status=state.JobStatus.FAILED,
+        attempts=[],
+        created_at=datetime.now(UTC),
+    )
+    loud = "".join(f"line {i}\n" for i in range(100_000)) + "Traceback: the real error\n"
+    history.save_attempt("u1", job, 1, loud)
+    kept = history.attempt_logs(job, 1)
+    assert kept is not None and len(kept.encode()) <= 8192 + 200
+    assert kept.startswith("line 0\n") and kept.endswith("Traceback: the real error\n")
+    assert f"{len(loud) - 8192} bytes of this log were not archived" in kept
+    history.save_attempt("u1", job, 2, "short\n")
+    assert history.attempt_logs(job, 2) == "short\n"

@@ -26,13 +26,24 @@ from raypod.controlplane import store
 log = logging.getLogger(__name__)
 
 
+DEFAULT_MAX_LOG_BYTES = 16 * 2**20
+
+
 class History:
-    def __init__(self, url: str, options: dict[str, Any] | None = None, retention_days: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        options: dict[str, Any] | None = None,
+        retention_days: float = 30.0,
+        max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
+    ) -> None:
         import fsspec
 
         self.url = url
         self.fs, self.root = fsspec.core.url_to_fs(url, **(options or {}))
         self.retention = timedelta(days=retention_days)
+        # A job decides how much it prints: an attempt's archived log keeps its start and its end within this.
+        self.max_log_bytes = max_log_bytes
         self._last_prune = 0.0
 
     # -- writing (the loops) ------------------------------------------------------------------------------
@@ -40,7 +51,7 @@ class History:
     def save_attempt(self, uid: str, job: state.JobView, attempt: int, logs: str) -> None:
         """Archive attempt ``attempt`` (1-based) of ``job``: its driver log, and the job's record."""
         folder = self._job_dir(uid, job)
-        self._write(f"{folder}/{attempt}.log", logs.encode())
+        self._write(f"{folder}/{attempt}.log", bounded(logs.encode(), self.max_log_bytes))
         self._write(f"{folder}/job.json", job.model_dump_json().encode())
 
     def save_attempt_record(self, uid: str, job: state.JobView, attempt: int, kind: str, data: dict[str, Any]) -> None:
@@ -137,3 +148,14 @@ class History:
                 out.write(data)
         except OSError as exc:
             raise errors.TransientError(f"cannot write to the history archive {self.url}: {exc}") from exc
+
+
+def bounded(log_bytes: bytes, limit: int) -> bytes:
+    """The log within ``limit`` bytes: its first eighth and its end (where a failure is said), with a line saying
+    how much was cut between them."""
+    if len(log_bytes) <= limit:
+        return log_bytes
+    head = limit // 8
+    cut = len(log_bytes) - limit
+    marker = f"\n[raypod: {cut} bytes of this log were not archived; the archive keeps {limit} bytes of it]\n"
+    return log_bytes[:head] + marker.encode() + log_bytes[len(log_bytes) - (limit - head) :]

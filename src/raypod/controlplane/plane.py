@@ -102,6 +102,7 @@ class ControlPlane:
             settings.history_url or str(settings.home / "history"),
             settings.history_options,
             settings.history_retention_days,
+            settings.history_max_log_bytes,
         )
         job_service.metrics_series = functools.partial(charts.archived_series, settings.home)
         reconciler.before_delete = job_service.archive_cluster

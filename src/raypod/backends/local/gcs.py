@@ -97,7 +97,9 @@ class Gcs:
             accepted, rejection = self._call(
                 cluster_id,
                 port,
-                lambda client: client.drain_node(ray_node_id, preemption, reason, int(deadline * 1000)),
+                lambda client: client.drain_node(
+                    ray_node_id, preemption, reason, int(deadline * 1000), timeout=GCS_TIMEOUT_S
+                ),
             )
         except Exception as exc:
             raise errors.TransientError(f"cannot drain node {node}: {exc}") from exc
@@ -124,7 +126,11 @@ class Gcs:
 
     def put_kv(self, cluster_id: str, port: int, namespace: bytes, key: bytes, value: bytes) -> None:
         try:
-            self._call(cluster_id, port, lambda client: client.internal_kv_put(key, value, True, namespace))
+            self._call(
+                cluster_id,
+                port,
+                lambda client: client.internal_kv_put(key, value, True, namespace, timeout=GCS_TIMEOUT_S),
+            )
         except Exception as exc:
             raise errors.TransientError(f"cannot write to the cluster's Ray key-value store: {exc}") from exc
 
