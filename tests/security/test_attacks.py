@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from raypod.controlplane import identity
+from raypod.controlplane.jobs.attribution import PROOF
 from raypod.server import gateway, tls
 from tests.security.conftest import App, EchoBackend, EchoDashboard, make_app
 
@@ -283,18 +284,57 @@ def test_a_write_forwards_its_body_with_a_matching_length(echo: tuple[App, EchoD
     answer = app.http.post("/clusters/ml/train/api/jobs/", json={"entrypoint": "echo hi"}, headers=app.as_("alice"))
     assert answer.status_code == 200
     received = dashboard.received[-1]
-    # The gateway writes who submitted it into the job's metadata, for raypod's job list.
-    assert json.loads(received["body"]) == {"entrypoint": "echo hi", "metadata": {"raypod.submitted_by": "alice"}}
+    # The gateway writes who submitted it into the job's metadata, signed, for raypod's job list; and an id.
+    forwarded = json.loads(received["body"])
+    assert forwarded["entrypoint"] == "echo hi" and forwarded["submission_id"].startswith("raysubmit_")
+    assert forwarded["metadata"]["raypod.submitted_by"] == "alice" and forwarded["metadata"][PROOF]
     assert int(received["headers"]["Content-Length"]) == len(received["body"])
     assert app.http.post("/clusters/ml/train/api/jobs/", json={}, headers=app.as_("bob")).status_code == 403
 
 
 def test_a_submission_cannot_claim_another_submitter(echo: tuple[App, EchoDashboard]) -> None:
     app, dashboard = echo
-    spoofed = {"entrypoint": "echo hi", "metadata": {"raypod.submitted_by": "admin", "team": "ml"}}
+    spoofed = {"entrypoint": "echo hi", "metadata": {"raypod.submitted_by": "admin", "team": "ml", PROOF: "x"}}
     assert app.http.post("/clusters/ml/train/api/jobs/", json=spoofed, headers=app.as_("alice")).status_code == 200
     metadata = json.loads(dashboard.received[-1]["body"])["metadata"]
-    assert metadata == {"raypod.submitted_by": "alice", "team": "ml"}
+    assert metadata["raypod.submitted_by"] == "alice" and metadata["team"] == "ml" and metadata[PROOF] != "x"
+
+
+def test_code_on_a_cluster_cannot_make_raypod_attribute_its_jobs_to_someone_else(app: App) -> None:
+    """A job submits to its own cluster's dashboard directly (it can reach it, and read every job's metadata):
+    neither a claimed submitter nor a signed job's metadata copied onto another submission makes raypod list it
+    as that user's. Only what the gateway signed for this very job is believed (the gateway's signing is the test
+    above's; here the server's own signer stands for it, as the fake backend's Ray has no dashboard to proxy)."""
+    uid = app.cluster("train", owner="alice")["uid"]
+    wait_ready(app, "ml", "train")
+    body = {"entrypoint": "python train.py", "runtime_env": {"working_dir": "gcs://_ray_pkg_a.zip"}}
+    signed = app.http.app.state.jobs.attribution.sign("ml", "train", body, "alice")  # type: ignore[attr-defined]
+    submit = app.backend.ray_submit
+    runs = {"runtime_env": signed["runtime_env"], "metadata": signed["metadata"]}
+    submit(uid, signed["submission_id"], "python train.py", **runs)
+    submit(uid, "raysubmit_claimed", "python evil.py", metadata={"raypod.submitted_by": "alice"})
+    submit(uid, "raysubmit_copied", "python train.py", **runs)
+    evil = {"working_dir": "gcs://_ray_pkg_evil.zip"}
+    submit(uid, signed["submission_id"] + "x", "python train.py", runtime_env=evil, metadata=signed["metadata"])
+
+    def owners() -> dict[str, str]:
+        jobs = app.http.get("/api/v1/jobs?namespace=ml", headers=app.as_("alice")).json()
+        return {job["attempts"][0]["submission_id"]: job["owner"] for job in jobs}
+
+    deadline = time.monotonic() + 15
+    while len(owners()) < 4:
+        assert time.monotonic() < deadline, owners()
+        time.sleep(0.1)
+    assert owners() == {
+        signed["submission_id"]: "alice",
+        "raysubmit_claimed": "",
+        "raysubmit_copied": "",
+        signed["submission_id"] + "x": "",
+    }
+    attribution = app.http.app.state.jobs.attribution  # type: ignore[attr-defined]
+    assert attribution.submitter("ml", "train", {**signed, "runtime_env": evil}) == "", "other code, same id"
+    assert attribution.submitter("ml", "other", signed) == "", "another cluster"
+    assert attribution.submitter("ml", "train", signed) == "alice"
 
 
 def test_a_dashboard_that_does_not_answer_times_out(echo: tuple[App, EchoDashboard]) -> None:

@@ -14,11 +14,8 @@ import hashlib
 import hmac
 import json
 import logging
-import os
 import re
-import secrets
 import shutil
-import tempfile
 import threading
 import time
 from datetime import UTC, datetime
@@ -33,7 +30,7 @@ from raypod import spec as spec_mod
 from raypod.capabilities.hangwatch import addons as hangwatch_addons
 from raypod.capabilities.hangwatch import detector
 from raypod.capabilities.observability import metrics
-from raypod.controlplane import capacity, identity, store
+from raypod.controlplane import capacity, identity, keys, store
 from raypod.controlplane.jobs.service import JobService
 from raypod.controlplane.periodic import Periodic
 from raypod.controlplane.store.hangwatch import HangStore
@@ -211,26 +208,9 @@ class AgentReports:
     def _mac(self, cluster_id: str) -> str:
         with self._lock:  # the reconciler (making nodes' add-ons) and requests ask at once on a first start
             if self._key is None:
-                self._key = _secret_key(self._key_file)
+                self._key = keys.kept_key(self._key_file)
             key = self._key
         return hmac.new(key, f"hangwatch-agent:{cluster_id}".encode(), hashlib.sha256).hexdigest()[:43]
-
-
-def _secret_key(path: Path) -> bytes:
-    """A key made once and kept 0600: agents' credentials survive a restart of the server. Written whole to a
-    temporary file and linked into place, so that no reader ever sees it half written and the first maker wins."""
-    with contextlib.suppress(FileNotFoundError):
-        return path.read_bytes()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(secrets.token_bytes(32))
-        with contextlib.suppress(FileExistsError):
-            os.link(temporary, path)
-    finally:
-        os.unlink(temporary)
-    return path.read_bytes()
 
 
 class HangCollector(Periodic):

@@ -23,6 +23,7 @@ from raypod.controlplane.hangwatch import AgentReports, HangCollector
 from raypod.controlplane.history import History
 from raypod.controlplane.identity import IdentityService
 from raypod.controlplane.jobs import JobService, JobSupervisor
+from raypod.controlplane.jobs.attribution import Attribution
 from raypod.controlplane.schedules import ScheduleRunner, ScheduleService
 from raypod.controlplane.serving import ModelCatalog, ServingApplier, ServingService
 from raypod.controlplane.spaces import SpaceService
@@ -105,6 +106,7 @@ class ControlPlane:
             settings.history_max_log_bytes,
         )
         job_service.metrics_series = functools.partial(charts.archived_series, settings.home)
+        job_service.attribution = Attribution(settings.home / "submitters.key")
         reconciler.before_delete = job_service.archive_cluster
         reconciler.suspend_idle = IdleSuspender(clusters, job_service.api).step
         serving = ServingService(

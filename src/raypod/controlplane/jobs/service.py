@@ -23,6 +23,7 @@ from raypod.controlplane import capacity, identity, store
 from raypod.controlplane.clusters import ClusterService
 from raypod.controlplane.history import History
 from raypod.controlplane.jobs import packaging
+from raypod.controlplane.jobs.attribution import Attribution
 from raypod.controlplane.store.jobs import JobRecords
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class JobService:
         # it to the reconciler's.
         self.addons_of: Callable[[str], Callable[[spec_mod.NodeSpec], addons.NodeAddons] | None] = lambda uid: None
         self.history: History | None = None  # where finished attempts' logs outlive the cluster
+        # Signs who submitted a plain Ray job through the gateway; the control plane gives it the server's kept key.
+        self.attribution = Attribution()
         # (namespace, cluster, start, end) -> the cluster's charts then; None: monitoring is off
         self.metrics_series: Callable[[str, str, float, float], dict[str, Any] | None] | None = None
 

@@ -75,7 +75,8 @@ class JobSupervisor(Periodic):
             candidates = {imported_id(view.uid, j["submission_id"]): j for j in found if _is_foreign(j)}
             known = self.jobs.records.known_ids(list(candidates)) if candidates else set()
             for job_id, info in candidates.items():
-                if job_id not in known and self.jobs.records.insert(_imported(view, job_id, info)):
+                owner = self.jobs.attribution.submitter(view.spec.namespace, view.spec.name, info)
+                if job_id not in known and self.jobs.records.insert(_imported(view, job_id, info, owner)):
                     imported += 1
         return imported
 
@@ -228,7 +229,7 @@ def _is_foreign(info: dict[str, Any]) -> bool:
     return bool(info.get("submission_id")) and "raypod_job" not in metadata and INTERNAL_JOB not in metadata
 
 
-def _imported(view: state.ClusterView, job_id: str, info: dict[str, Any]) -> state.JobView:
+def _imported(view: state.ClusterView, job_id: str, info: dict[str, Any], owner: str) -> state.JobView:
     started = info.get("start_time")
     submitted_at = datetime.fromtimestamp(started / 1000, UTC) if isinstance(started, int | float) else store.now()
     metadata = {str(k)[:128]: str(v)[:1024] for k, v in list((info.get("metadata") or {}).items())[:64]}
@@ -249,7 +250,7 @@ def _imported(view: state.ClusterView, job_id: str, info: dict[str, Any]) -> sta
         id=job_id,
         namespace=view.spec.namespace,
         cluster=view.spec.name,
-        owner=str(metadata.get(spec_mod.SUBMITTED_BY, ""))[:63],  # the gateway writes it: who submitted through it
+        owner=owner,  # who submitted it through the gateway, where its signature proves it; else ""
         spec=spec,
         status=state.JobStatus.RUNNING if ray_status == "RUNNING" else state.JobStatus.PENDING,
         attempts=[attempt],

@@ -24,6 +24,7 @@ from raypod import spec as spec_mod
 from raypod.backends import base
 from raypod.controlplane import identity
 from raypod.controlplane.clusters import ClusterService
+from raypod.controlplane.jobs import JobService
 from raypod.server import origins as origins_mod
 from raypod.server.gateway.forward import (
     METHODS,
@@ -196,7 +197,7 @@ async def proxy_cluster(
     url = f"{upstream_base}/{upstream_path}" + (f"?{request.url.query}" if request.url.query else "")
     body: Any = request.stream() if request.method in WRITE_METHODS else None
     if request.method == "POST" and path.strip("/") == "api/jobs":
-        body = await checked_submission(request, principal.user)
+        body = await checked_submission(request, principal.user, namespace, name)
         length = len(body)
         headers = upstream_headers(request, route, prefix, length)
     return await forward(
@@ -212,10 +213,11 @@ async def proxy_cluster(
     )
 
 
-async def checked_submission(request: Request, submitter: str) -> bytes:
+async def checked_submission(request: Request, submitter: str, namespace: str, cluster: str) -> bytes:
     """A plain ``ray job submit`` body, read whole (it is small), with its raypod.hang_* metadata validated: a
     bad hang rule is refused here, before Ray starts a job that would silently run without it. The submitter is
-    written into its metadata (``raypod.submitted_by``, whatever the body said), for raypod's job list.
+    written into its metadata (``raypod.submitted_by``, whatever the body said) and signed, for raypod's job list
+    (controlplane/jobs/attribution.py).
 
     Raises:
         PayloadTooLarge: over MAX_SUBMISSION_BYTES. InvalidSpec: a bad raypod.hang_* value.
@@ -236,8 +238,8 @@ async def checked_submission(request: Request, submitter: str) -> bytes:
         spec_mod.hang_overrides_from_metadata({str(k): str(v) for k, v in metadata.items()})
     except ValueError as exc:
         raise errors.InvalidSpec(str(exc)) from None
-    submission["metadata"] = {**metadata, spec_mod.SUBMITTED_BY: submitter}
-    return json.dumps(submission).encode()
+    jobs: JobService = request.app.state.jobs
+    return json.dumps(jobs.attribution.sign(namespace, cluster, submission, submitter)).encode()
 
 
 @router.websocket("/clusters/{namespace}/{name}/{path:path}")
