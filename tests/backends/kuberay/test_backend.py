@@ -126,6 +126,10 @@ def test_scaling_patches_the_raycluster_and_a_failed_pod_is_deleted_for_kuberay_
         lambda: emulator.rayclusters()[0]["spec"]["workerGroupSpecs"][0]["replicas"] == 3,
         "the RayCluster asks for 3 workers",
     )
+    for _ in range(5):  # KubeRay has not made w-2's pod yet: raypod said it asked once, not every pass
+        reconciler.reconcile_all()
+    asked = [e for e in db.events("default", "demo") if e.reason == "CreatedWorker" and e.node == "w-2"]
+    assert len(asked) == 1, asked
 
     emulator.set_pod(
         "default",

@@ -15,6 +15,7 @@ import logging
 import os
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayclusters"
 SPEC_HASH_ANNOTATION = "raypod.io/spec-hash"
+AWAIT_REMINDER_S = 300.0
 MANAGED_SELECTOR = "app.kubernetes.io/managed-by=raypod"
 RAY_POD_SELECTOR = "ray.io/is-ray-node=yes"
 DASHBOARD_PORT, GCS_PORT = 8265, 6379
@@ -118,6 +120,7 @@ class KubeRayBackend(RayWorkloads):
         self._pods_by_cluster: dict[Key, dict[str, dict[str, Any]]] = {}
         self._known: dict[str, Key] = {}  # cluster uid -> (namespace, name)
         self._last: dict[str, state.ObservedCluster] = {}
+        self._awaited: dict[tuple[str, str], float] = {}  # (cluster, node) -> when its pod was first awaited
         self._schema: dict[str, Any] | None = None
         self._tls: ssl.SSLContext | None = None
         self.quarantine = NodeQuarantine(self._core, request_timeout_s)
@@ -256,6 +259,9 @@ class KubeRayBackend(RayWorkloads):
         with self._lock:
             pods = list(self._pods_by_cluster.get(where, {}).values())
         nodes = pods_mod.observed_nodes(pods)
+        with self._lock:
+            for name in nodes:
+                self._awaited.pop((cluster_id, name), None)
         head = next((n for n in nodes.values() if n.is_head), None)
         endpoints: dict[str, str] = {}
         if raycluster is not None and head is not None and head.phase is state.NodePhase.RUNNING:
@@ -270,7 +276,14 @@ class KubeRayBackend(RayWorkloads):
         return found
 
     def create_node(self, cluster_id: str, node: spec_mod.NodeSpec) -> None:
-        """Nothing to do: the RayCluster (``apply``) asks KubeRay for every node the spec wants."""
+        """Nothing to do: the RayCluster (``apply``) asks KubeRay for every node the spec wants. Said once (the
+        pass's event), then not again until KubeRay has made its pod, but every AWAIT_REMINDER_S it has not."""
+        now = time.monotonic()
+        with self._lock:
+            since = self._awaited.get((cluster_id, node.name))
+            if since is not None and now - since < AWAIT_REMINDER_S:
+                raise errors.NotYet(f"KubeRay has not made node {node.name}'s pod yet")
+            self._awaited[(cluster_id, node.name)] = now
 
     def drain_node(self, cluster_id: str, name: str, ray_node_id: str, deadline: float, reason: str) -> None:
         raise errors.PermanentError("draining is KubeRay's on Kubernetes (its autoscaler drains before scale-down)")
@@ -372,6 +385,7 @@ class KubeRayBackend(RayWorkloads):
         with self._lock:
             where = self._known.pop(cluster_id, None)
             self._last.pop(cluster_id, None)
+            self._awaited = {key: at for key, at in self._awaited.items() if key[0] != cluster_id}
         if where is not None and self.clusters.get(*where) is not None:
             self._call(f"delete RayCluster {where[0]}/{where[1]}", self._delete_raycluster, *where)
         if where is not None:
