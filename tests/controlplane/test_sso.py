@@ -115,6 +115,8 @@ def test_groups_make_the_user_and_its_teams_and_removal_revokes(service: sso.Sso
     )
     assert again.principal.user == "jane-doe", "bound to the provider's subject, not to a name it may change"
     assert again.principal.teams == {"ml": state.Role.ADMIN} and again.principal.is_admin
+    # A token an admin made for the user (not a child of an SSO token, so not revoked with them).
+    made = ids.create_token("jane-doe", "ci", None)
 
     with pytest.raises(errors.Forbidden, match="none of the groups"):
         service.sign_in(
@@ -123,7 +125,7 @@ def test_groups_make_the_user_and_its_teams_and_removal_revokes(service: sso.Sso
             service.settings.token_ttl,
             None,
         )
-    for token in (signed.token.token, again.token.token):
+    for token in (signed.token.token, again.token.token, made.token):
         ids.cache.clear()
         with pytest.raises(errors.Unauthenticated):
             ids.authenticate_token(token)  # removal takes effect now, not when the tokens would have expired

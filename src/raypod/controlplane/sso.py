@@ -353,13 +353,15 @@ class SsoService:
         admin flag set from the groups each time) and mint a token for it.
 
         Raises:
-            Forbidden: in no group raypod maps (its SSO tokens are revoked: removal takes effect now).
+            Forbidden: in no group raypod maps (every token of its user is revoked: removal takes effect now).
             Conflict: the name belongs to a local user or another identity."""
         subject = str(claims["sub"])
         is_admin, roles = grants(self.settings, claims)
         bound = self.records.account_user(self.settings.issuer, subject)
         if not roles and not is_admin:
-            for token_id in self.records.token_ids(self.settings.issuer, subject=subject):
+            # The provider decides who may use raypod: the user's own tokens and any an admin made for it go too.
+            revoked = {t.id for t in self.identities.list_tokens(bound) if t.revoked_at is None} if bound else set()
+            for token_id in revoked | set(self.records.token_ids(self.settings.issuer, subject=subject)):
                 self.identities.revoke_token(token_id)
             raise errors.Forbidden(
                 "you are in none of the groups raypod gives access to (RAYPOD_SSO_GROUPS); ask an admin"
