@@ -63,3 +63,13 @@ def test_no_module_is_over_600_lines() -> None:
         if "migrations" not in path.parts and (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
     }
     assert over == {}
+
+
+def test_the_server_asks_services_and_never_reaches_into_their_store_or_backend() -> None:
+    """Routes, pages and the gateway call one service verb each; what a service keeps is its own (issue 30)."""
+    offenders = {}
+    for path in (SRC / "server").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("store", "backend", "engine"):
+                offenders.setdefault(str(path.relative_to(SRC)), []).append(node.lineno)
+    assert offenders == {}

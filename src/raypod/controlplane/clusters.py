@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import ssl
 from collections.abc import Callable
 
 from raypod import errors, state
@@ -15,6 +16,18 @@ from raypod.controlplane.governance import GovernanceService
 
 Principal = identity.Principal
 Verb = identity.Verb
+
+
+@dataclasses.dataclass(frozen=True)
+class Upstream:
+    """How the gateway reaches a cluster's dashboard and Serve, and whose it is (it asks its one authorization
+    question with ``owner`` and ``team``)."""
+
+    view: state.ClusterView
+    team: str | None
+    headers: dict[str, str]  # the cluster's own Ray credentials
+    tls: ssl.SSLContext | None  # how https upstreams are verified; None: the system's CAs
+    serve_apps: dict[str, str]  # app -> its own Serve proxy (a RayService's)
 
 
 class ClusterService:
@@ -117,6 +130,18 @@ class ClusterService:
         if verb is not Verb.VIEW:
             self.authorize(caller, verb, namespace, view.spec.owner)
         return view
+
+    def upstream(self, namespace: str, name: str) -> Upstream:
+        """For the gateway, which authorizes the caller before anything it proxies. Raises NotFound."""
+        view = self.store.get(namespace, name, list_known=False)
+        runner = self.backend if isinstance(self.backend, base.ServiceRunner) and not view.deleting else None
+        return Upstream(
+            view=view,
+            team=self.identities.namespace_team(namespace),
+            headers=self.backend.dashboard_headers(view.uid),
+            tls=self.backend.upstream_tls(view.uid),
+            serve_apps=runner.serve_endpoints(view.uid) if runner else {},
+        )
 
     def list(
         self,

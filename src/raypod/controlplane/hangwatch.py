@@ -273,6 +273,18 @@ class HangCollector(Periodic):
     def runs(self, uid: str) -> builtins.list[state.RunProgress]:
         return self.progress.get(uid, [])
 
+    def of_job(
+        self, caller: identity.Principal, job: state.JobView
+    ) -> tuple[builtins.list[state.RunProgress], builtins.list[state.HangDetection]]:
+        """A job's live Ray Train runs (per rank) and its hang detections, newest first; none once its cluster is
+        gone."""
+        try:
+            view = self.jobs.clusters.get(caller, job.namespace, job.cluster)
+        except errors.NotFound:
+            return [], []
+        runs = [run for run in self.runs(view.uid) if run.job == job.id]
+        return runs, self.records.list(job.namespace, job.cluster, job.id, limit=20)
+
     def detections(
         self, caller: identity.Principal, namespace: str, cluster: str, job: str | None = None, limit: int = 100
     ) -> builtins.list[state.HangDetection]:

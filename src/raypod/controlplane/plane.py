@@ -24,6 +24,7 @@ from raypod.controlplane.history import History
 from raypod.controlplane.identity import IdentityService
 from raypod.controlplane.jobs import JobService, JobSupervisor
 from raypod.controlplane.jobs.attribution import Attribution
+from raypod.controlplane.observability import Monitoring
 from raypod.controlplane.schedules import ScheduleRunner, ScheduleService
 from raypod.controlplane.serving import ModelCatalog, ServingApplier, ServingService
 from raypod.controlplane.spaces import SpaceService
@@ -46,6 +47,7 @@ class ControlPlane:
     jobs: JobService
     serving: ServingService
     spaces: SpaceService
+    monitoring: Monitoring
     supervisor: JobSupervisor
     serving_applier: ServingApplier
     hangs: HangCollector
@@ -105,7 +107,7 @@ class ControlPlane:
             settings.history_retention_days,
             settings.history_max_log_bytes,
         )
-        job_service.metrics_series = functools.partial(charts.archived_series, settings.home)
+        job_service.metrics_series = functools.partial(charts.series, settings.home)
         job_service.attribution = Attribution(settings.home / "submitters.key")
         reconciler.before_delete = job_service.archive_cluster
         reconciler.suspend_idle = IdleSuspender(clusters, job_service.api).step
@@ -129,6 +131,7 @@ class ControlPlane:
             jobs=job_service,
             serving=serving,
             spaces=SpaceService(clusters, settings.home),
+            monitoring=Monitoring(clusters, settings.home),
             supervisor=supervisor,
             serving_applier=applier,
             hangs=HangCollector(

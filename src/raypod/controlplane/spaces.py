@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import builtins
+from dataclasses import dataclass
 from pathlib import Path
 
 from raypod import errors, state
@@ -14,6 +15,16 @@ from raypod.controlplane.clusters import ClusterService
 from raypod.state import SpaceState
 
 Verb = identity.Verb
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """How the gateway reaches a workspace's IDE, and whose it is (the gateway asks ``may_open``)."""
+
+    view: state.ClusterView  # its cluster's
+    space: spec_mod.SpaceSpec
+    token: str  # the IDE's own secret, which the gateway presents and users never see
+    team: str | None
 
 
 class SpaceService:
@@ -93,6 +104,15 @@ class SpaceService:
             self.clusters.store.request_node(cluster.uid, space.node_name(), store.DELETE_FILES, caller.user, files)
             self.clusters.wake(cluster.uid)
         return _view(cluster, space).model_copy(update={"state": SpaceState.DELETED})
+
+    def upstream(self, namespace: str, name: str) -> Upstream:
+        """For the gateway, which decides who may open it before anything it proxies. Raises NotFound."""
+        view = self._find(namespace, name)
+        space = view.spec.space(name) if view else None
+        if view is None or space is None:
+            raise errors.NotFound(f"workspace '{name}' not found in namespace '{namespace}'")
+        token = self.clusters.backend.sidecar_token(view.uid, space.node_name(), spec_mod.IDE_SIDECAR)
+        return Upstream(view, space, token, self.clusters.identities.namespace_team(namespace))
 
     # -- internals ---------------------------------------------------------------------------------------
 

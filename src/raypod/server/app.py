@@ -44,6 +44,7 @@ def create_app(settings: config.Settings, backend: base.Backend | None = None) -
         app.state.jobs = plane.jobs
         app.state.serving = plane.serving
         app.state.spaces = plane.spaces
+        app.state.monitoring = plane.monitoring
         app.state.hangs = plane.hangs
         app.state.audit = plane.audit
         app.state.schedules = plane.schedules

@@ -3,7 +3,6 @@ may view a cluster can chart it without being able to query anything else."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,14 +45,6 @@ def selector(namespace: str, cluster: str) -> str:
     return f'ray_io_cluster="{cluster}",namespace="{namespace}"'
 
 
-def cluster_charts(
-    prometheus: PrometheusClient, namespace: str, cluster: str, minutes: int, now: float | None = None
-) -> dict[str, Any]:
-    """Every chart's series over the last ``minutes`` (about 120 points each)."""
-    end = time.time() if now is None else now
-    return charts_between(prometheus, namespace, cluster, end - minutes * 60, end)
-
-
 def charts_between(
     prometheus: PrometheusClient, namespace: str, cluster: str, start: float, end: float
 ) -> dict[str, Any]:
@@ -77,8 +68,9 @@ def charts_between(
     return {"window_s": window, "step_s": step, "end": end, "charts": charts}
 
 
-def archived_series(home: Path, namespace: str, cluster: str, start: float, end: float) -> dict[str, Any] | None:
-    """A cluster's charts over a finished job attempt, for history; None while monitoring is off.
+def series(home: Path, namespace: str, cluster: str, start: float, end: float) -> dict[str, Any] | None:
+    """A cluster's charts from ``start`` to ``end`` (the console's, or a finished attempt's for history), from the
+    Prometheus ``raypod monitoring up`` started; None while monitoring is off.
 
     Raises:
         TransientError: Prometheus runs but does not answer."""

@@ -314,17 +314,6 @@ def new_job_page(request: Request, namespace: NamePath, name: NamePath) -> Respo
     )
 
 
-def _training_of(request: Request, job: state.JobView) -> tuple[list[state.RunProgress], list[state.HangDetection]]:
-    """The job's live Ray Train runs (per rank) and its hang detections, newest first."""
-    collector = _plane(request).hangs
-    try:
-        uid = _plane(request).clusters.store.get(job.namespace, job.cluster).uid
-    except errors.NotFound:
-        return [], []
-    runs = [run for run in collector.runs(uid) if run.job == job.id]
-    return runs, collector.records.list(job.namespace, job.cluster, job.id, limit=20)
-
-
 @router.get("/jobs/{job_id}")
 def job_page(
     request: Request, job_id: JobIdPath, attempt: Annotated[int | None, Query(ge=1, le=100)] = None
@@ -332,7 +321,7 @@ def job_page(
     principal = _viewer(request)
     job = _plane(request).jobs.get(principal, job_id)
     shown = attempt if attempt is not None and attempt <= len(job.attempts) else len(job.attempts)
-    runs, hung = _training_of(request, job)
+    runs, hung = _plane(request).hangs.of_job(principal, job)
     return _render(
         request,
         principal,

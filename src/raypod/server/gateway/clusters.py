@@ -19,9 +19,8 @@ from fastapi.responses import RedirectResponse, Response
 from starlette import routing as starlette_routing
 from starlette.concurrency import run_in_threadpool
 
-from raypod import errors, state
+from raypod import errors
 from raypod import spec as spec_mod
-from raypod.backends import base
 from raypod.controlplane import identity
 from raypod.controlplane.clusters import ClusterService
 from raypod.controlplane.jobs import JobService
@@ -77,27 +76,22 @@ class RouteCache:
         cached = self.cached(namespace, name)
         if cached is not None:
             return cached
-        view = self.clusters.store.get(namespace, name, list_known=False)
+        upstream = self.clusters.upstream(namespace, name)
+        view = upstream.view
         dashboard = view.status.endpoints.get("dashboard")
         route = Route(
             dashboard=dashboard if dashboard and not view.deleting else None,
             message=view.status.message,
-            headers=self.clusters.backend.dashboard_headers(view.uid),
+            headers=upstream.headers,
             owner=view.spec.owner,
-            team=self.clusters.identities.namespace_team(namespace),
+            team=upstream.team,
             serve=view.status.endpoints.get("serve") if not view.deleting else None,
-            serve_apps=serve_apps(self.clusters.backend, view),
-            tls=self.clusters.backend.upstream_tls(view.uid),
+            serve_apps=upstream.serve_apps,
+            tls=upstream.tls,
         )
         if route.dashboard:
             self._routes[(namespace, name)] = (time.monotonic(), route)
         return route
-
-
-def serve_apps(backend: object, view: state.ClusterView) -> dict[str, str]:
-    if view.deleting or not isinstance(backend, base.ServiceRunner):
-        return {}
-    return backend.serve_endpoints(view.uid)
 
 
 def check_names(namespace: str, name: str) -> None:

@@ -11,7 +11,6 @@ from starlette import routing as starlette_routing
 from starlette.concurrency import run_in_threadpool
 
 from raypod import errors
-from raypod import spec as spec_mod
 from raypod.controlplane import identity, spaces
 from raypod.controlplane.clusters import ClusterService
 from raypod.server import origins as origins_mod
@@ -44,17 +43,14 @@ async def resolve_space(
     """
     check_names(namespace, name)
     clusters: ClusterService = state.clusters
+    workspaces: spaces.SpaceService = state.spaces
 
     def lookup() -> SpaceRoute:
-        view = next((v for v in clusters.store.list(namespace) if v.spec.space(name)), None)
-        space = view.spec.space(name) if view else None
-        if view is None or space is None:
-            raise errors.NotFound(f"workspace '{name}' not found in namespace '{namespace}'")
+        found = workspaces.upstream(namespace, name)
+        view, space = found.view, found.space
         ide = view.status.endpoints.get(f"space/{name}") if space.running and not view.deleting else None
         message = "stopped" if not space.running else f"its IDE is not running yet ({view.status.message})"
-        token = clusters.backend.sidecar_token(view.uid, space.node_name(), spec_mod.IDE_SIDECAR)
-        team = clusters.identities.namespace_team(namespace)
-        return SpaceRoute(ide, message, token, space.owner, team, view.spec.name, view.suspended)
+        return SpaceRoute(ide, message, found.token, space.owner, found.team, view.spec.name, view.suspended)
 
     route = await run_in_threadpool(lookup)
     if not spaces.may_open(principal, route.team, route.owner):
