@@ -89,10 +89,20 @@ def test_a_rotated_signing_key_is_fetched_when_a_token_names_it(
 ) -> None:
     sso.verify_jwt(service.keys, id_token(provider))  # the old key is cached
     provider.rotate_keys()
-    monkeypatch.setattr(sso, "JWKS_REFETCH_MIN_S", 0.0)
+    # at once: the first fetch holds back no refetch (a login right after a rotation once failed in CI here)
     assert sso.verify_jwt(service.keys, id_token(provider))["sub"] == "alice"
     published = httpx.get(service.keys.endpoint("jwks_uri")).json()
     assert [key["kid"] for key in published["keys"]] == [provider.keys[0].kid]
+
+    # tokens naming keys the provider does not have refetch at most every JWKS_REFETCH_MIN_S (no refetch storm)
+    fetches: list[str] = []
+    service.keys._refetched_at = float("-inf")  # as if the rotation's refetch were long ago
+    fetch = service.keys._get_json
+    monkeypatch.setattr(service.keys, "_get_json", lambda url, what: fetches.append(what) or fetch(url, what))
+    for kid in ("unknown-1", "unknown-2", "unknown-3"):
+        with pytest.raises(errors.Unauthenticated):
+            sso.verify_jwt(service.keys, id_token(provider, key=signing_key(kid)))
+    assert fetches == ["signing keys"]
 
 
 def test_groups_make_the_user_and_its_teams_and_removal_revokes(service: sso.SsoService) -> None:
@@ -174,3 +184,27 @@ def test_a_login_is_finished_only_by_the_browser_that_began_it_and_only_once(ser
             service.finish_login(state_value, "stolen-code", attempt)
     with pytest.raises(errors.Unauthenticated, match="already used"):
         service.finish_login(state_value, "stolen-code", binding)  # the failed tries used it up
+
+
+def test_logging_out_of_a_console_session_single_sign_on_began_ends_it_at_the_provider_too(
+    service: sso.SsoService, provider: OidcProvider
+) -> None:
+    """RP-initiated logout: the browser is sent to the provider's end-session endpoint (from discovery) with
+    raypod's client id and where to come back; the session's token is revoked. A pasted API token's session is
+    left to raypod alone (the browser goes straight to /login)."""
+    signed = service.sign_in({"sub": "s-2", "preferred_username": "ana", "groups": ["ml-engineers"]}, "sso-console",
+                             service.settings.session_ttl, None)  # fmt: skip
+    url = service.sign_out(signed.token.id, "https://raypod.example/login")
+    assert url is not None
+    parts = urlsplit(url)
+    assert f"{parts.scheme}://{parts.netloc}{parts.path}" == service.keys.endpoint("end_session_endpoint")
+    assert parse_qs(parts.query) == {
+        "client_id": [CLIENT_ID],
+        "post_logout_redirect_uri": ["https://raypod.example/login"],
+    }
+    with pytest.raises(errors.Unauthenticated):
+        service.identities.authenticate_token(signed.token.token)
+    pasted = service.identities.create_token("ana", "laptop", None)
+    assert service.sign_out(pasted.id, "https://raypod.example/login") is None
+    assert service.identities.authenticate_token(pasted.token).user == "ana", "not single sign-on's to revoke"
+    assert service.sign_out(None, "https://raypod.example/login") is None

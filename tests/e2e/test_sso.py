@@ -1,7 +1,8 @@
 """Single sign-on against a real OpenID Connect provider (panva's certified oidc-provider on Node.js) and a real
 raypod server: a Chromium login to the console that lands with the teams the groups give, `raypod login` (the
 device flow) then `ray job submit --address raypod://...` with no token pasted, a user removed from the group refused
-at the next refresh, key rotation survived, and the provider's back-channel logout ending a console session.
+at the next refresh, key rotation survived, the provider's back-channel logout ending a console session, and the
+console's "Log out" ending the provider's session too.
 The ID-token refusals (forged, expired, wrong audience...) are tests/controlplane/test_sso.py's."""
 
 from __future__ import annotations
@@ -95,6 +96,14 @@ def test_a_provider_user_logs_in_to_the_console_and_lands_with_the_teams_of_thei
     page.get_by_test_id("sso-login").click()
     sign_in_at_provider(page, "ada")
     page.wait_for_url(f"{server.url}/quotas")
+
+    # "Log out" ends her session at the provider too (RP-initiated logout), which sends the browser back to /login
+    page.locator('[data-action="logout"]').click()
+    page.wait_for_url(f"{provider.issuer}/**")
+    page.locator("button[autofocus], form button").first.click()  # the provider's "Yes, sign me out"
+    page.wait_for_url(f"{server.url}/login**")
+    page.get_by_test_id("sso-login").click()
+    page.locator("input[name=login]").wait_for()  # the provider asks who she is again: its session ended too
 
 
 def test_raypod_login_then_ray_job_submit_with_no_token_pasted(

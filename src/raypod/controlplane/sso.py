@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 from authlib.common.security import generate_token
@@ -76,7 +77,9 @@ class ProviderKeys:
         self._metadata: dict[str, Any] | None = None
         self._metadata_at = 0.0
         self._keys: KeySet | None = None
-        self._keys_at = 0.0
+        # When an unknown kid last made it fetch the keys again: tokens naming kids the provider does not have
+        # refetch at most every JWKS_REFETCH_MIN_S; the first fetch does not count (a rotation may follow it).
+        self._refetched_at = float("-inf")
         self._lock = threading.RLock()  # the keys' URL comes from the discovery document, read under it too
 
     def metadata(self) -> dict[str, Any]:
@@ -100,10 +103,12 @@ class ProviderKeys:
 
     def key_set(self, kid: str | None) -> KeySet:
         with self._lock:
-            stale = self._keys is None or (kid is not None and not _has_kid(self._keys, kid))
-            if stale and (self._keys is None or time.monotonic() - self._keys_at > JWKS_REFETCH_MIN_S):
-                self._keys = KeySet.import_key_set(self._get_json(self._jwks_uri(), "signing keys"))  # type: ignore[arg-type]
-                self._keys_at = time.monotonic()
+            unknown = self._keys is not None and kid is not None and not _has_kid(self._keys, kid)
+            if unknown and time.monotonic() - self._refetched_at > JWKS_REFETCH_MIN_S:
+                self._refetched_at = time.monotonic()
+            elif self._keys is not None:
+                return self._keys
+            self._keys = KeySet.import_key_set(self._get_json(self._jwks_uri(), "signing keys"))  # type: ignore[arg-type]
             assert self._keys is not None
             return self._keys
 
@@ -285,6 +290,21 @@ class SsoService:
         claims = verify_jwt(self.keys, self._id_token(tokens), nonce=pending.nonce)
         signed = self.sign_in(claims, "sso-console", self.settings.session_ttl, None)
         return replace(signed, next_url=pending.next_url)
+
+    def sign_out(self, token_id: str | None, back_to: str) -> str | None:
+        """A console session single sign-on began has ended: its token goes too (nothing else holds it), and the
+        browser is to end its session at the provider, which sends it back to ``back_to`` (OpenID Connect
+        RP-Initiated Logout, the client id as hint: raypod keeps no ID token). Returns where to send the browser;
+        None for a session of a pasted API token, or a provider that offers no logout."""
+        if token_id is None or not self.records.minted(token_id):
+            return None
+        self.identities.revoke_token(token_id)
+        try:
+            end_session = self.keys.endpoint("end_session_endpoint")
+        except errors.RaypodError:
+            return None
+        query = urlencode({"client_id": self.settings.client_id, "post_logout_redirect_uri": back_to})
+        return f"{end_session}{'&' if '?' in end_session else '?'}{query}"
 
     # -- the CLI: device authorization flow, then refresh --------------------------------------------------------
 

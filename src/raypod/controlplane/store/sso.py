@@ -122,6 +122,11 @@ class SsoStore:
         with self.engine.begin() as connection:
             connection.execute(sso_tokens.insert().values(token_id=token_id, issuer=issuer, subject=subject, sid=sid))
 
+    def minted(self, token_id: str) -> bool:
+        query = sa.select(sso_tokens.c.token_id).where(sso_tokens.c.token_id == token_id)
+        with self.engine.connect() as connection:
+            return connection.execute(query).first() is not None
+
     def token_ids(self, issuer: str, *, subject: str | None = None, sid: str | None = None) -> list[str]:
         """Tokens minted for that identity, or that provider session (both given: either)."""
         matches = []

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from raypod import state
 from raypod.controlplane import governance, identity
 from raypod.controlplane.plane import ControlPlane
+from raypod.controlplane.sso import SsoService
 from raypod.server import audit
 from raypod.server.auth import (
     CSRF_HEADER,
@@ -150,10 +151,15 @@ def login(request: Request, response: Response, ids: Identities, token: Annotate
 
 
 @login_router.post("/logout")
-def logout(request: Request, response: Response, ids: Identities, caller: Caller) -> dict[str, str]:
+def logout(request: Request, response: Response, ids: Identities, caller: Caller) -> dict[str, str | None]:
+    """End the browser session. One that single sign-on began also ends at the provider: ``provider_logout`` is
+    where the console sends the browser for that (the provider sends it back to /login)."""
     session = session_id(request)
     if session:
         ids.end_session(session)
     secure = request.url.scheme == "https"
     response.delete_cookie(session_cookie_name(secure), secure=secure, httponly=True, samesite="strict")
-    return {"user": caller.user, "status": "logged out"}
+    sso: SsoService | None = request.app.state.sso
+    back_to = f"{request.app.state.settings.public_url}/login"
+    provider_logout = sso.sign_out(caller.token_id, back_to) if sso is not None and session else None
+    return {"user": caller.user, "status": "logged out", "provider_logout": provider_logout}

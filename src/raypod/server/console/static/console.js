@@ -162,8 +162,9 @@ function initLogin() {
 function initLogout() {
   document.querySelectorAll('[data-action="logout"]').forEach((button) =>
     button.addEventListener("click", async () => {
-      await api("POST", "/logout");
-      location.assign("/login");
+      const answer = await api("POST", "/logout");
+      // A single sign-on session ends at the provider too, which sends the browser back to /login.
+      location.assign((answer.data && answer.data.provider_logout) || "/login");
     })
   );
 }
