@@ -295,7 +295,8 @@ class Reconciler:
         for request in self.store.node_requests(view.uid):
             node = observed.nodes.get(request.node)
             if request.kind == store.DELETE_FILES:
-                delete_files[request.node] = request.path or ""
+                if request.path:
+                    delete_files[request.node] = request.path
             elif request.kind == store.CORDON:
                 cordoned.add(request.node)
             elif node is None or node.phase is state.NodePhase.UNKNOWN:
