@@ -313,6 +313,7 @@ def test_code_on_a_cluster_cannot_make_raypod_attribute_its_jobs_to_someone_else
     runs = {"runtime_env": signed["runtime_env"], "metadata": signed["metadata"]}
     submit(uid, signed["submission_id"], "python train.py", **runs)
     submit(uid, "raysubmit_claimed", "python evil.py", metadata={"raypod.submitted_by": "alice"})
+    submit(uid, "raysubmit_odd", "python evil.py", metadata={"raypod.submitted_by": "alice", PROOF: "é" * 64})
     submit(uid, "raysubmit_copied", "python train.py", **runs)
     evil = {"working_dir": "gcs://_ray_pkg_evil.zip"}
     submit(uid, signed["submission_id"] + "x", "python train.py", runtime_env=evil, metadata=signed["metadata"])
@@ -322,12 +323,13 @@ def test_code_on_a_cluster_cannot_make_raypod_attribute_its_jobs_to_someone_else
         return {job["attempts"][0]["submission_id"]: job["owner"] for job in jobs}
 
     deadline = time.monotonic() + 15
-    while len(owners()) < 4:
+    while len(owners()) < 5:
         assert time.monotonic() < deadline, owners()
         time.sleep(0.1)
     assert owners() == {
         signed["submission_id"]: "alice",
         "raysubmit_claimed": "",
+        "raysubmit_odd": "",
         "raysubmit_copied": "",
         signed["submission_id"] + "x": "",
     }

@@ -44,7 +44,9 @@ class Autoscaler:
         """Resize the cluster's scaling groups from its Ray's demand; return what waits and why (the status'
         ``autoscaling``), None for a cluster the autoscaler does not size."""
         if not self.applies_to(view):
-            self._forget(view.uid)
+            self._failing.discard(view.uid)
+            if view.deleting:  # infeasible demands are reported once while the cluster lives, queued or not
+                self._infeasible.pop(view.uid, None)
             return None
         previous = view.status.autoscaling or state.AutoscalingStatus()
         head = observed.nodes.get(HEAD)
@@ -108,10 +110,6 @@ class Autoscaler:
 
     def _record(self, view: state.ClusterView, kind: state.EventType, reason: str, message: str) -> None:
         self.store.record(view, kind, reason, message)
-
-    def _forget(self, uid: str) -> None:
-        self._failing.discard(uid)
-        self._infeasible.pop(uid, None)
 
 
 def _pending(demand: scaler.Demand, view: state.ClusterView, waits: str | None) -> state.PendingDemand:

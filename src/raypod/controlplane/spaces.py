@@ -44,7 +44,7 @@ class SpaceService:
             caller, namespace, view.spec.model_copy(update={"spaces": [space]}), [space]
         ).spaces[0]
         if self.clusters.store.files_being_deleted(str(ide.files_dir(self.home, namespace, space.name, space.owner))):
-            raise errors.Conflict(f"workspace '{space.name}''s files are being deleted: create it again in a moment")
+            raise errors.Conflict(f"the files of workspace '{space.name}' are being deleted: create it again shortly")
         why = ide.missing(space.kind)
         if space.python_env and why is None:
             why = self._python_env_problem(view, space)

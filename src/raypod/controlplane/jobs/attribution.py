@@ -52,7 +52,7 @@ class Attribution:
         if not claimed or not proof:
             return ""
         expected = self._mac(namespace, cluster, info, claimed)
-        return claimed[:63] if hmac.compare_digest(proof, expected) else ""
+        return claimed[:63] if hmac.compare_digest(proof.encode(), expected.encode()) else ""  # any text a job wrote
 
     def _mac(self, namespace: str, cluster: str, job: dict[str, Any], submitter: str) -> str:
         runs = json.dumps([job.get("entrypoint"), job.get("runtime_env") or {}], sort_keys=True, separators=(",", ":"))
